@@ -1,0 +1,148 @@
+"""Multi-head self-attention with a key size decoupled from the value size.
+
+Two ways to combine heads (PAPER.md section 3):
+
+- ``concat``: the standard layer. Each head has ``value_dim = embed_dim // num_heads``; head
+  outputs are concatenated and projected. rank(A_h V_h W_o^h) <= d/h, so a head is identifiable
+  only for inputs of at most d/h tokens.
+- ``add``: the paper's variant. Each head has ``value_dim = embed_dim``; head outputs are
+  *summed* (a true sum over heads, unlike the reference code's reshape) and then projected, so a
+  head can stay identifiable up to about ``embed_dim`` tokens.
+
+Logits are scaled by 1/sqrt(key_dim), the size the dot product is taken over.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+HEAD_COMBINES = ("concat", "add")
+
+
+@dataclass
+class AttentionInternals:
+    """What the identifiability diagnostics need from one attention layer (PAPER.md section 2).
+
+    Head h contributes ``attention[:, h] @ values[:, h] @ out_proj[h]`` to the layer's attention
+    output (before the output bias), so ``T_h = values[:, h] @ out_proj[h]``.
+    """
+
+    attention: torch.Tensor  # (B, H, T, T) softmax weights; padded keys get exactly 0
+    values: torch.Tensor  # (B, H, T, dv) value vectors including the bias: X W_v + b_v
+    out_proj: torch.Tensor  # (H, dv, d) each head's output projection W_o^h
+    head_output: torch.Tensor  # (B, H, T, d) attention @ values @ out_proj, per head
+
+
+def resolve_head_dims(
+    embed_dim: int, num_heads: int, key_dim: int | None, value_dim: int | None, head_combine: str
+) -> tuple[int, int]:
+    """Apply the defaults (key_dim = d/h; value_dim = d/h for concat, d for add) and validate."""
+    if embed_dim < 1:
+        raise ValueError(f"embed_dim must be >= 1, got {embed_dim}")
+    if num_heads < 1:
+        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+    if head_combine not in HEAD_COMBINES:
+        raise ValueError(f"head_combine={head_combine!r} is unknown; use one of {list(HEAD_COMBINES)}")
+    needs_split = key_dim is None or (value_dim is None and head_combine == "concat")
+    if needs_split and embed_dim % num_heads != 0:
+        raise ValueError(
+            f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}, which the default "
+            "key_dim/value_dim (embed_dim // num_heads) needs: set key_dim and value_dim explicitly "
+            "or pick a divisible embed_dim"
+        )
+    if key_dim is None:
+        key_dim = embed_dim // num_heads
+    if value_dim is None:
+        value_dim = embed_dim // num_heads if head_combine == "concat" else embed_dim
+    if key_dim < 1:
+        raise ValueError(f"key_dim must be >= 1, got {key_dim}")
+    if value_dim < 1:
+        raise ValueError(f"value_dim must be >= 1, got {value_dim}")
+    return key_dim, value_dim
+
+
+class MultiHeadSelfAttention(nn.Module):
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        key_dim: int | None = None,
+        value_dim: int | None = None,
+        head_combine: str = "concat",
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        self.key_dim, self.value_dim = resolve_head_dims(embed_dim, num_heads, key_dim, value_dim, head_combine)
+        self.embed_dim, self.num_heads, self.head_combine, self.dropout = embed_dim, num_heads, head_combine, dropout
+        h, dk, dv = num_heads, self.key_dim, self.value_dim
+        self.q_proj = nn.Linear(embed_dim, h * dk)
+        self.k_proj = nn.Linear(embed_dim, h * dk)
+        self.v_proj = nn.Linear(embed_dim, h * dv)
+        self.out_proj = nn.Linear(h * dv if head_combine == "concat" else dv, embed_dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # Every projection is initialised explicitly (the reference code left some uninitialised).
+        for lin in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, t, _ = x.shape
+        h, dk, dv = self.num_heads, self.key_dim, self.value_dim
+        q = self.q_proj(x).view(b, t, h, dk).transpose(1, 2)  # (B, H, T, dk)
+        k = self.k_proj(x).view(b, t, h, dk).transpose(1, 2)  # (B, H, T, dk)
+        v = self.v_proj(x).view(b, t, h, dv).transpose(1, 2)  # (B, H, T, dv)
+        return q, k, v
+
+    def _weights(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        logits = q @ k.transpose(-2, -1) / math.sqrt(self.key_dim)  # (B, H, T, T)
+        if mask is not None:
+            logits = logits.masked_fill(~mask, float("-inf"))
+        return logits.softmax(dim=-1)
+
+    def _combine(self, heads: torch.Tensor) -> torch.Tensor:
+        b, h, t, dv = heads.shape
+        if self.head_combine == "concat":
+            return heads.transpose(1, 2).reshape(b, t, h * dv)  # (B, T, H*dv)
+        return heads.sum(dim=1)  # (B, T, dv): a true sum over heads
+
+    def forward(
+        self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, need_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: (B, T, d); key_padding_mask: (B, T) bool, True for real tokens.
+
+        Returns the attention output (B, T, d) and, if ``need_weights``, the weights (B, H, T, T).
+        """
+        q, k, v = self._project(x)
+        # (B, 1, 1, T): broadcast per example over heads and queries, never tiled across heads.
+        mask = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
+        p = self.dropout if self.training else 0.0
+        if need_weights:
+            weights = self._weights(q, k, mask)
+            heads = F.dropout(weights, p, self.training) @ v  # (B, H, T, dv)
+        else:
+            weights = None
+            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1 / math.sqrt(self.key_dim))
+        return self.out_proj(self._combine(heads)), weights
+
+    def head_out_proj(self) -> torch.Tensor:
+        """(H, dv, d): W_o^h, the map from head h's value space to the output."""
+        w = self.out_proj.weight.t()  # (H*dv or dv, d)
+        if self.head_combine == "concat":
+            return w.reshape(self.num_heads, self.value_dim, self.embed_dim)
+        return w.unsqueeze(0).expand(self.num_heads, -1, -1)
+
+    def internals(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> AttentionInternals:
+        """Attention weights, value vectors and per-head output maps for input x (no dropout)."""
+        q, k, v = self._project(x)
+        mask = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
+        weights = self._weights(q, k, mask)
+        w_o = self.head_out_proj()
+        head_output = torch.einsum("bhst,bhtv,hvd->bhsd", weights, v, w_o)  # (B, H, T, d)
+        return AttentionInternals(attention=weights, values=v, out_proj=w_o, head_output=head_output)

@@ -1,0 +1,150 @@
+"""LightningModule: loss, metrics and optimiser around a TransformerClassifier.
+
+All constructor arguments are primitives and saved as hyper-parameters, so
+``TextClassifier.load_from_checkpoint(path)`` rebuilds the model, its tokenizer and label names
+without Hydra.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torchmetrics import MaxMetric, MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+
+from .models import TransformerClassifier
+
+SCHEDULERS = ("constant", "linear", "cosine")
+STAGES = ("train", "val", "test")
+
+
+class TextClassifier(pl.LightningModule):
+    def __init__(
+        self,
+        vocab_size: int,
+        num_classes: int,
+        # encoder (see TransformerClassifier)
+        embed_dim: int = 64,
+        num_heads: int = 4,
+        key_dim: int | None = None,
+        value_dim: int | None = None,
+        head_combine: str = "concat",
+        num_layers: int = 1,
+        ffn_dim: int = 256,
+        dropout: float = 0.1,
+        max_len: int = 512,
+        positional: str = "learned",
+        pooling: str = "cls",
+        pad_id: int = 0,
+        activation: str = "relu",
+        norm_first: bool = False,
+        # optimisation
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 0,
+        scheduler: str = "constant",
+        label_smoothing: float = 0.0,
+        # carried in the checkpoint for inference and analysis
+        label_names: list[str] | None = None,
+        tokenizer_json: str | None = None,
+        data_cfg: dict | None = None,
+    ):
+        super().__init__()
+        if scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler={scheduler!r} is unknown; use one of {list(SCHEDULERS)}")
+        if label_names is not None and len(label_names) != num_classes:
+            raise ValueError(f"label_names has {len(label_names)} names but num_classes={num_classes}")
+        self.save_hyperparameters()
+        self.model = TransformerClassifier(
+            vocab_size, num_classes, embed_dim=embed_dim, num_heads=num_heads, key_dim=key_dim, value_dim=value_dim,
+            head_combine=head_combine, num_layers=num_layers, ffn_dim=ffn_dim, dropout=dropout, max_len=max_len,
+            positional=positional, pooling=pooling, pad_id=pad_id, activation=activation, norm_first=norm_first,
+        )
+        # Paper-style accuracy is micro-averaged; torchmetrics' default would average per class.
+        metrics = MetricCollection({
+            "acc": MulticlassAccuracy(num_classes, average="micro"),
+            "f1": MulticlassF1Score(num_classes, average="macro"),
+        })
+        self.train_metrics = metrics.clone(prefix="train/")
+        self.val_metrics = metrics.clone(prefix="val/")
+        self.test_metrics = metrics.clone(prefix="test/")
+        self.val_acc_best = MaxMetric()
+
+    @property
+    def label_names(self) -> list[str]:
+        return self.hparams.label_names or [str(i) for i in range(self.hparams.num_classes)]
+
+    @cached_property
+    def tokenizer(self):
+        """The ``tokenizers.Tokenizer`` the model was trained with (None if none was saved)."""
+        if self.hparams.tokenizer_json is None:
+            return None
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_str(self.hparams.tokenizer_json)
+
+    def forward(self, input_ids, attention_mask=None, output_attentions=False):
+        return self.model(input_ids, attention_mask, output_attentions)
+
+    def _step(self, batch: dict, stage: str) -> torch.Tensor:
+        logits = self.model(batch["input_ids"], batch["attention_mask"]).logits
+        labels = batch["labels"]
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing if stage == "train" else 0.0)
+        metrics = getattr(self, f"{stage}_metrics")
+        metrics.update(logits, labels)
+        size = labels.shape[0]
+        self.log(f"{stage}/loss", loss, on_step=stage == "train", on_epoch=True, prog_bar=True, batch_size=size,
+                 sync_dist=stage != "train")
+        self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=stage != "train", batch_size=size)
+        return loss
+
+    def training_step(self, batch, batch_idx):
+        return self._step(batch, "train")
+
+    def validation_step(self, batch, batch_idx):
+        self._step(batch, "val")
+
+    def test_step(self, batch, batch_idx):
+        self._step(batch, "test")
+
+    def predict_step(self, batch, batch_idx):
+        return self.model(batch["input_ids"], batch["attention_mask"]).logits
+
+    def on_train_start(self):
+        # The sanity check must not count towards the best validation accuracy.
+        self.val_acc_best.reset()
+
+    def on_validation_epoch_end(self):
+        self.val_acc_best(self.val_metrics["acc"].compute())
+        self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True, prog_bar=True)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        # No weight decay on biases, norms and embeddings (the usual AdamW practice).
+        decay, no_decay = [], []
+        for name, p in self.model.named_parameters():
+            (decay if p.dim() >= 2 and "embedding" not in name else no_decay).append(p)
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=hp.lr, betas=tuple(hp.betas),
+        )
+        if hp.scheduler == "constant" and hp.warmup_steps == 0:
+            return optimizer
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = hp.warmup_steps
+
+        def factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            if hp.scheduler == "constant":
+                return 1.0
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return 1.0 - progress if hp.scheduler == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,207 @@
+"""What ``train.py`` runs: build data, model, callbacks, loggers and trainer from a Hydra config,
+fit, test the best checkpoint, and write ``metrics.json`` in the run directory."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+import hydra
+import lightning.pytorch as pl
+import torch
+from filelock import FileLock
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+def _reachable(host: str, port: int = 443, timeout: float = 2.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def configure_wandb_mode() -> None:
+    """Never let W&B block a run: log offline without an API key or without a route to W&B."""
+    if os.environ.get("WANDB_MODE"):
+        return
+    has_key = bool(os.environ.get("WANDB_API_KEY")) or _wandb_netrc_key()
+    if not has_key:
+        reason = "no W&B API key is configured"
+    elif not _reachable("api.wandb.ai"):
+        reason = "api.wandb.ai is unreachable"
+    else:
+        return
+    os.environ["WANDB_MODE"] = "offline"
+    log.warning("W&B logs offline because %s; upload later with `wandb sync <run dir>/wandb/offline-run-*`", reason)
+
+
+def _wandb_netrc_key() -> bool:
+    import netrc
+
+    try:
+        auth = netrc.netrc().authenticators("api.wandb.ai")
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return False
+    return bool(auth and auth[2])
+
+
+def _hydra_runtime() -> tuple[bool, str, str]:
+    """(is_multirun, run name from the overrides, sweep group) — neutral values outside Hydra."""
+    if not HydraConfig.initialized():
+        return False, "run", "single"
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    name = hc.job.override_dirname or "default"
+    group = f"sweep-{Path(hc.sweep.dir).name}" if multirun else "single"
+    return multirun, name, group
+
+
+def check_strategy(cfg: DictConfig) -> None:
+    """Plain ddp re-runs the script per rank: inside a local --multirun that re-runs the sweep."""
+    multirun, _, _ = _hydra_runtime()
+    strategy = str(cfg.trainer.get("strategy", "auto"))
+    devices = cfg.trainer.get("devices", 1)
+    many = devices == -1 or (isinstance(devices, int) and devices > 1) or not isinstance(devices, int)
+    if not (multirun and many and strategy.startswith("ddp") and "spawn" not in strategy):
+        return
+    launcher = str(HydraConfig.get().launcher.get("_target_", ""))
+    if "submitit" in launcher.lower():
+        return  # SLURM starts one task per device itself; Lightning does not relaunch
+    raise ValueError(
+        f"trainer.strategy={strategy} with trainer.devices={devices} inside a local --multirun would make every "
+        "extra rank re-run the whole sweep. Use trainer.strategy=ddp_spawn, single-device jobs "
+        "(hydra/launcher=joblib_local), or hydra/launcher=slurm."
+    )
+
+
+def _instantiate_dict(node: DictConfig | None) -> list:
+    """Instantiate every entry with a ``_target_`` (config groups hold named entries)."""
+    if not node:
+        return []
+    return [hydra.utils.instantiate(v) for v in node.values() if isinstance(v, DictConfig) and "_target_" in v]
+
+
+def build_loggers(cfg: DictConfig) -> list:
+    _, name, group = _hydra_runtime()
+    loggers = []
+    for key, conf in (cfg.get("logger") or {}).items():
+        if "_target_" not in conf:
+            continue
+        if "WandbLogger" in conf._target_:
+            configure_wandb_mode()
+            extra = {"name": conf.get("name") or name, "group": conf.get("group") or group}
+            loggers.append(hydra.utils.instantiate(conf, **extra))
+        else:
+            loggers.append(hydra.utils.instantiate(conf))
+    return loggers
+
+
+def count_parameters(model: torch.nn.Module) -> dict[str, int]:
+    return {
+        "model/params_total": sum(p.numel() for p in model.parameters()),
+        "model/params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+    }
+
+
+def _scalars(metrics: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) or getattr(v, "numel", lambda: 0)() == 1}
+
+
+def run(cfg: DictConfig) -> dict:
+    """Train and/or test as configured; returns the metrics written to ``metrics.json``."""
+    start = time.time()
+    check_strategy(cfg)
+    if cfg.get("seed") is not None:
+        pl.seed_everything(cfg.seed, workers=True)
+    output_dir = Path(cfg.paths.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+
+    log.info("Data <%s>", cfg.data.get("name", cfg.data._target_))
+    datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
+    # Every rank builds the vocabulary before the model exists; the lock makes one of them do the work.
+    lock_dir = Path(os.path.expanduser(str(cfg.paths.cache_dir)))
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(lock_dir / "prepare_data.lock")):
+        datamodule.prepare_data()
+    datamodule.setup("fit")
+    datamodule.save_tokenizer(output_dir / "tokenizer.json")
+
+    if cfg.get("ckpt_path") and not Path(cfg.ckpt_path).is_file():
+        raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path} does not exist: pass the path of a .ckpt file")
+    log.info("Model <%s>", cfg.model._target_)
+    model = hydra.utils.instantiate(
+        cfg.model,
+        vocab_size=datamodule.vocab_size,
+        num_classes=datamodule.num_classes,
+        pad_id=datamodule.pad_id,
+        label_names=list(datamodule.label_names),
+        tokenizer_json=datamodule.tokenizer.to_str(),
+        data_cfg=OmegaConf.to_container(cfg.data, resolve=True),
+        _convert_="all",
+    )
+    callbacks = _instantiate_dict(cfg.get("callbacks"))
+    loggers = build_loggers(cfg)
+    trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+
+    try:
+        params = count_parameters(model)
+        for lg in loggers:
+            lg.log_hyperparams({"cfg": OmegaConf.to_container(cfg, resolve=True), **params})
+        log.info("Parameters: %s", params)
+
+        if cfg.get("train"):
+            trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        fit_metrics = _scalars(trainer.callback_metrics)
+
+        test_metrics: dict[str, float] = {}
+        ckpt_cb = trainer.checkpoint_callback
+        if cfg.get("test"):
+            if cfg.get("train"):
+                best = ckpt_cb.best_model_path if ckpt_cb is not None else ""
+                if not best:
+                    log.warning("No best checkpoint was saved: testing the final weights")
+                test_ckpt = best or None
+            else:
+                test_ckpt = cfg.get("ckpt_path")
+            trainer.test(model, datamodule=datamodule, ckpt_path=test_ckpt, weights_only=False)
+            test_metrics = _scalars(trainer.callback_metrics)
+
+        metrics = {**fit_metrics, **test_metrics}
+        result = {
+            "metrics": metrics,
+            "best_model_path": getattr(ckpt_cb, "best_model_path", None) or None,
+            "best_val_acc": float(ckpt_cb.best_model_score) if getattr(ckpt_cb, "best_model_score", None) is not None else None,
+            "best_epoch": _epoch_of(getattr(ckpt_cb, "best_model_path", "")),
+            "epochs_run": trainer.current_epoch,
+            "runtime_s": round(time.time() - start, 2),
+            "params": params,
+            "config": {
+                "data": cfg.data.get("name"), "seed": cfg.get("seed"),
+                "model": {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k != "_target_"},
+            },
+        }
+        if trainer.is_global_zero:
+            (output_dir / "metrics.json").write_text(json.dumps(result, indent=2))
+            OmegaConf.save(cfg, output_dir / "config_resolved.yaml", resolve=True)
+            log.info("Wrote %s", output_dir / "metrics.json")
+        return result
+    finally:
+        if any(type(lg).__name__ == "WandbLogger" for lg in loggers):
+            import wandb
+
+            wandb.finish()
+
+
+def _epoch_of(path: str) -> int | None:
+    """Checkpoints are named epoch_XXX.ckpt (conf/callbacks/model_checkpoint.yaml)."""
+    stem = Path(path).stem if path else ""
+    return int(stem.split("_")[1]) if stem.startswith("epoch_") and stem.split("_")[1].isdigit() else None

@@ -1,0 +1,60 @@
+"""Compose the real Hydra configs for tests: CPU, tiny runs, outputs in tmp_path, no network."""
+
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("PROJECT_ROOT", str(ROOT))
+os.environ.setdefault("WANDB_MODE", "disabled")  # tests that need W&B set it themselves
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# Small, fast settings used by every training test (real offline data, few batches).
+FAST = [
+    "trainer=cpu",
+    "logger=none",
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=4",
+    "trainer.limit_val_batches=2",
+    "trainer.limit_test_batches=2",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+    "model.embed_dim=16",
+    "model.ffn_dim=32",
+    "data.batch_size=16",
+    "data.max_length=64",
+    "callbacks.identifiability.probe_size=8",
+]
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    """One tokenization cache for the whole session, so each test does not redo it."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture
+def make_cfg(tmp_path, cache_dir):
+    """make_cfg(*overrides, fast=True) -> composed train config writing into tmp_path."""
+
+    def make(*overrides: str, fast: bool = True, config_name: str = "train") -> DictConfig:
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose(config_name, overrides=[*(FAST if fast else []), *overrides], return_hydra_config=True)
+        with open_dict(cfg):
+            cfg.paths.output_dir = str(tmp_path / "run")
+            cfg.paths.log_dir = str(tmp_path / "logs")
+            cfg.paths.cache_dir = str(cache_dir)
+            cfg.hydra.runtime.output_dir = str(tmp_path / "run")
+            cfg.hydra.job.num = 0
+            cfg.hydra.job.id = 0
+        HydraConfig().set_config(cfg)
+        return cfg
+
+    yield make
+    GlobalHydra.instance().clear()

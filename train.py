@@ -1,0 +1,24 @@
+"""Train and test a text classifier: python train.py [group=option ...] [key=value ...]
+
+See README.md for the config groups; `python train.py --help` lists them too.
+"""
+
+import os
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    from identifiable_transformers.training import run
+
+    metrics = run(cfg)["metrics"]
+    return metrics.get(cfg.get("optimized_metric"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,590 @@
+"""LightningDataModule: load → normalise → split → train tokenizer → tokenize → cache → batch."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from . import prepare as P
+from . import sources as S
+from .registry import KNOWN_DATASETS, get_spec
+from .tokenizer import (
+    CLS_ID,
+    PAD_ID,
+    encode_ids,
+    load_tokenizer,
+    pad_batch,
+    save_tokenizer,
+    tokenizer_from_str,
+    train_tokenizer,
+)
+
+log = logging.getLogger("identifiable_transformers.data")
+
+CACHE_VERSION = 1
+SOURCES = ("hub", "local", "package")
+_SPLITS = ("train", "validation", "test")
+
+
+def _plain(x: Any) -> Any:
+    """OmegaConf containers → plain Python (Hydra passes ListConfig/DictConfig)."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(x, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(x, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return x
+
+
+def _file_fingerprint(p: str | None) -> Any:
+    if not p:
+        return None
+    q = Path(os.path.expanduser(str(p)))
+    try:
+        st = q.stat()
+        return [str(q.resolve()), st.st_size, st.st_mtime_ns]
+    except OSError:
+        return [str(q), None, None]
+
+
+class LengthBucketSampler(Sampler[int]):
+    """Shuffled indices arranged so that consecutive ``batch_size`` chunks have similar
+    lengths: shuffle, cut into pools of ``batch_size * pool_batches``, sort each pool by
+    length, cut into batches, shuffle the batch order. Reseeded per epoch (``set_epoch``)."""
+
+    def __init__(self, lengths: np.ndarray, batch_size: int, seed: int = 0, pool_batches: int = 50):
+        self.lengths = np.asarray(lengths)
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.pool = self.batch_size * int(pool_batches)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self) -> Iterator[int]:
+        rng = np.random.default_rng(self.seed + self.epoch)
+        self.epoch += 1
+        perm = rng.permutation(len(self.lengths))
+        batches = []
+        for s in range(0, len(perm), self.pool):
+            pool = perm[s : s + self.pool]
+            pool = pool[np.argsort(self.lengths[pool], kind="stable")]
+            batches.extend(pool[i : i + self.batch_size] for i in range(0, len(pool), self.batch_size))
+        for j in rng.permutation(len(batches)):
+            yield from (int(i) for i in batches[j])
+
+
+class TextDataModule(pl.LightningDataModule):
+    """Text classification data: see ``docs/_readme_data.md`` for the full description."""
+
+    def __init__(
+        self,
+        name: str = "rt_offline",
+        source: str = "package",
+        hub_id: str | None = None,
+        hub_config: str | None = None,
+        package_subset: str | None = None,
+        data_dir: str | None = None,
+        train_file: str | None = None,
+        validation_file: str | None = None,
+        test_file: str | None = None,
+        text_fields: Sequence[str] = ("text",),
+        text_separator: str = " . ",
+        label_field: str = "label",
+        label_names: Sequence[str] | None = None,
+        num_classes: int | None = None,
+        splits: Mapping[str, str | None] | None = None,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
+        split_seed: int = 42,
+        max_length: int = 256,
+        vocab_size: int = 20000,
+        min_frequency: int = 2,
+        batch_size: int = 64,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        length_bucketing: bool = False,
+        cache_dir: str = "~/.cache/identifiable_transformers",
+        limit_train_examples: int | None = None,
+        # additions
+        hub_revision: str | None = None,
+        hf_cache_dir: str | None = None,
+        tokenizer_file: str | None = None,
+        num_proc: int | None = None,
+        pin_memory: bool = False,
+        shuffle_seed: int = 0,
+        hub_probe_timeout: float = 2.0,
+    ) -> None:
+        super().__init__()
+        if source not in SOURCES:
+            raise ValueError(f"source={source!r} is not one of {SOURCES}. Set data.source accordingly.")
+        text_fields = _plain(text_fields)
+        if isinstance(text_fields, str):
+            text_fields = [text_fields]
+        if not text_fields:
+            raise ValueError("text_fields is empty: name at least one text column, e.g. data.text_fields=[text].")
+        splits = _plain(splits) if splits is not None else {"train": "train", "validation": None, "test": "test"}
+        unknown = set(splits) - set(_SPLITS)
+        if unknown:
+            raise ValueError(f"splits has unknown keys {sorted(unknown)}; allowed keys: {list(_SPLITS)}.")
+        if source == "hub" and hub_id is None and data_dir is None:
+            if name in KNOWN_DATASETS and KNOWN_DATASETS[name].get("hub_id"):
+                hub_id = KNOWN_DATASETS[name]["hub_id"]
+            else:
+                get_spec(name)  # raises listing the known names
+                raise ValueError(f"source='hub' needs hub_id (dataset {name!r} has none). Set data.hub_id.")
+        if source == "package" and data_dir is None and package_subset is None:
+            package_subset = KNOWN_DATASETS.get(name, {}).get("package_subset")
+            if package_subset is None:
+                raise ValueError(
+                    "source='package' needs package_subset ('rotten_tomatoes' or 'imdb'); "
+                    "use data=rt_offline or data=imdb_offline."
+                )
+        if source == "local" and data_dir is None and train_file is None:
+            raise ValueError(
+                "source='local' needs data.train_file=PATH (CSV/TSV/JSON/JSONL/parquet), optionally "
+                "data.validation_file / data.test_file; or data.data_dir=DIR for the classic train.csv/test.csv layout."
+            )
+        for k, v in (("max_length", max_length), ("batch_size", batch_size)):
+            if int(v) < (2 if k == "max_length" else 1):
+                raise ValueError(f"{k}={v} is too small (set data.{k} to a positive value, max_length >= 2).")
+        if num_classes is not None and int(num_classes) < 2:
+            raise ValueError(f"num_classes={num_classes} must be >= 2 (or null to infer it from the data).")
+        self.name = name
+        self.source = source
+        self.hub_id, self.hub_config, self.hub_revision = hub_id, hub_config, hub_revision
+        self.hf_cache_dir = hf_cache_dir
+        self.package_subset = package_subset
+        self.data_dir, self.train_file, self.validation_file, self.test_file = data_dir, train_file, validation_file, test_file
+        self.text_fields = [str(f) for f in text_fields]
+        self.text_separator = str(text_separator)
+        self.label_field = str(label_field)
+        self._given_label_names = list(_plain(label_names)) if label_names is not None else None
+        self._given_num_classes = int(num_classes) if num_classes is not None else None
+        self.splits = {k: splits.get(k) for k in _SPLITS}
+        self.val_fraction = float(val_fraction) if val_fraction else 0.0  # 0/None: no carved validation split
+        self.test_fraction = float(test_fraction) if test_fraction else 0.0  # 0/None: no carved test split
+        self.split_seed = int(split_seed)
+        self.max_length, self.vocab_size_cap, self.min_frequency = int(max_length), int(vocab_size), int(min_frequency)
+        self.batch_size = int(batch_size)
+        self.eval_batch_size = int(eval_batch_size) if eval_batch_size else self.batch_size
+        self.num_workers, self.length_bucketing, self.pin_memory = int(num_workers), bool(length_bucketing), bool(pin_memory)
+        self.cache_dir = Path(os.path.expanduser(str(cache_dir)))
+        self.limit_train_examples = int(limit_train_examples) if limit_train_examples else None
+        self.tokenizer_file = tokenizer_file
+        # None = auto: one worker process per available core for splits of >= 20k rows
+        self.num_proc = None if num_proc is None else max(1, int(num_proc))
+        self.shuffle_seed = int(shuffle_seed)
+        self.hub_probe_timeout = float(hub_probe_timeout)
+
+        self.pad_id = PAD_ID
+        self.cls_id = CLS_ID
+        self.tokenizer = None
+        self.train_dataset = self.val_dataset = self.test_dataset = None
+        self.meta: dict[str, Any] = {}
+        self.timings: dict[str, float] = {}
+        self._loaded_dir: Path | None = None
+
+    # ------------------------------------------------------------------ construction helpers
+    @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> "TextDataModule":
+        """Build from the registry entry ``name`` (same defaults as conf/data/<name>.yaml)."""
+        spec = get_spec(name)
+        spec.pop("classic_columns", None)
+        spec.update(overrides)
+        return cls(name=name, **spec)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def vocab_size(self) -> int:
+        self._require_setup("vocab_size")
+        return int(self.tokenizer.get_vocab_size())
+
+    @property
+    def num_classes(self) -> int:
+        self._require_setup("num_classes")
+        return len(self.meta["label_names"])
+
+    @property
+    def label_names(self) -> list[str]:
+        self._require_setup("label_names")
+        return list(self.meta["label_names"])
+
+    def _require_setup(self, what: str) -> None:
+        if self.tokenizer is None or not self.meta:
+            raise RuntimeError(f"TextDataModule.{what} is available after prepare_data() and setup().")
+
+    # ------------------------------------------------------------------ cache key
+    def _uses_classic(self) -> bool:
+        return self.data_dir is not None
+
+    def cache_settings(self) -> dict[str, Any]:
+        if self._uses_classic():
+            src: Any = {"classic_dir": str(Path(os.path.expanduser(self.data_dir)).resolve()),
+                        "files": [_file_fingerprint(str(Path(os.path.expanduser(self.data_dir)) / f)) for f in ("train.csv", "test.csv")]}
+        elif self.source == "hub":
+            src = {"hub_id": self.hub_id, "hub_config": self.hub_config, "revision": self.hub_revision}
+        elif self.source == "local":
+            src = {k: _file_fingerprint(getattr(self, k)) for k in ("train_file", "validation_file", "test_file")}
+        else:
+            src = {"package_subset": self.package_subset, "file": _file_fingerprint(str(S.package_csv_path()))}
+        tok = None
+        if self.tokenizer_file:
+            p = Path(os.path.expanduser(self.tokenizer_file))
+            tok = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else str(p)
+        return {
+            "version": CACHE_VERSION, "name": self.name, "source": self.source, "src": src,
+            "text_fields": self.text_fields, "text_separator": self.text_separator,
+            "label_field": self.label_field, "label_names": self._given_label_names,
+            "num_classes": self._given_num_classes, "splits": self.splits,
+            "val_fraction": self.val_fraction, "test_fraction": self.test_fraction, "split_seed": self.split_seed,
+            "limit_train_examples": self.limit_train_examples, "max_length": self.max_length,
+            "vocab_size": self.vocab_size_cap, "min_frequency": self.min_frequency, "tokenizer_file": tok,
+        }
+
+    def cache_path(self) -> Path:
+        key = hashlib.sha256(json.dumps(self.cache_settings(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.name)
+        return self.cache_dir / safe / key
+
+    # ------------------------------------------------------------------ Lightning hooks
+    def prepare_data(self) -> None:
+        """Download/read, tokenize and cache once (rank 0 per node under DDP). Cheap if cached."""
+        final = self.cache_path()
+        if (final / "meta.json").is_file():
+            log.info("[%s] using cached tokenized data at %s", self.name, final)
+            return
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        try:
+            self._build(tmp)
+            if (final / "meta.json").is_file():  # someone else finished first
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                if final.exists():
+                    shutil.rmtree(final, ignore_errors=True)
+                os.replace(tmp, final)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        log.info("[%s] cached tokenized data at %s", self.name, final)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load the cached splits (memory-mapped). Idempotent."""
+        final = self.cache_path()
+        if self._loaded_dir == final:
+            return
+        if not (final / "meta.json").is_file():
+            log.info("[%s] no cache at %s yet: running prepare_data() from setup()", self.name, final)
+            self.prepare_data()
+        import datasets
+
+        self.meta = json.loads((final / "meta.json").read_text())
+        self.tokenizer = load_tokenizer(final / "tokenizer.json")
+        dd = datasets.load_from_disk(str(final / "dataset"))
+        self.train_dataset = dd["train"]
+        self.val_dataset = dd["validation"] if "validation" in dd else None
+        self.test_dataset = dd["test"] if "test" in dd else None
+        self._loaded_dir = final
+
+    # ------------------------------------------------------------------ pipeline
+    def _load_raw(self) -> dict[str, S.RawSplit]:
+        if self._uses_classic():
+            files = S.find_classic_files(self.data_dir)
+            cols = KNOWN_DATASETS.get(self.name, {}).get("classic_columns")
+            raw = {s: S.read_classic_csv(p, f"data_dir={self.data_dir!r} {p.name}", cols) for s, p in files.items()}
+            log.info("[%s] source=classic CSV layout from data_dir=%s: %s", self.name, self.data_dir,
+                     {s: len(r) for s, r in raw.items()})
+            return raw
+        if self.source == "package":
+            return {"train": S.read_package(self.package_subset)}
+        if self.source == "local":
+            raw = {"train": S.read_table(self.train_file, "train_file")}
+            if self.validation_file:
+                raw["validation"] = S.read_table(self.validation_file, "validation_file")
+            if self.test_file:
+                raw["test"] = S.read_table(self.test_file, "test_file")
+            log.info("[%s] source=local files: %s", self.name, {s: r.origin for s, r in raw.items()})
+            return raw
+        dd = S.load_hub(self.hub_id, self.hub_config, self.hub_revision, self.hf_cache_dir, self.hub_probe_timeout,
+                        name=self.name if self.name in KNOWN_DATASETS else "agnews")
+        raw = {}
+        for ours in _SPLITS:
+            theirs = self.splits.get(ours)
+            if theirs is None:
+                continue
+            if theirs not in dd:
+                raise ValueError(
+                    f"splits.{ours}={theirs!r} is not a split of hub_id={self.hub_id!r}; available: "
+                    f"{sorted(dd)}. Set data.splits.{ours} to one of them (or null to carve it from train)."
+                )
+            ds = dd[theirs]
+            feat = ds.features.get(self.label_field)
+            names = list(feat.names) if type(feat).__name__ == "ClassLabel" else None
+            raw[ours] = S.RawSplit(origin=f"hub {self.hub_id}[{theirs}]", dataset=ds, label_names_from_features=names)
+        if "train" not in raw:
+            raise ValueError(f"splits.train must name a split of hub_id={self.hub_id!r}; available: {sorted(dd)}.")
+        log.info("[%s] source=hub %s: %s", self.name, self.hub_id, {s: len(r) for s, r in raw.items()})
+        return raw
+
+    def _procs(self, n_rows: int) -> int | None:
+        if self.num_proc is None:
+            try:
+                cores = len(os.sched_getaffinity(0))
+            except AttributeError:  # pragma: no cover
+                cores = os.cpu_count() or 1
+            n = min(cores, 8) if n_rows >= 20_000 else 1
+        else:
+            n = self.num_proc
+        return n if n > 1 and n_rows >= 2 * n else None
+
+    def _map(self, ds, fn, **kw):
+        """datasets.map(batched=True); with worker processes when that helps. Tokenizers' own
+        thread pool is switched off in the forked workers (no fork warning, no oversubscription)."""
+        procs = self._procs(len(ds))
+        saved = os.environ.get("TOKENIZERS_PARALLELISM")
+        if procs:
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        try:
+            return ds.map(fn, batched=True, batch_size=1000, num_proc=procs, **kw)
+        finally:
+            if procs:
+                if saved is None:
+                    os.environ.pop("TOKENIZERS_PARALLELISM", None)
+                else:
+                    os.environ["TOKENIZERS_PARALLELISM"] = saved
+
+    def _texts(self, split: str, raw: S.RawSplit, fields: list[str]):
+        """A datasets.Dataset with one "text" column (joined fields)."""
+        import datasets
+
+        if raw.frame is not None:
+            texts = P.join_text_columns([raw.frame[f].tolist() for f in fields], self.text_separator)
+            return datasets.Dataset.from_dict({"text": texts})
+        sep = self.text_separator
+
+        def join(batch):
+            return {"text": P.join_text_columns([batch[f] for f in fields], sep)}
+
+        return self._map(raw.dataset, join, remove_columns=raw.dataset.column_names, desc=f"join text {split}")
+
+    def _build(self, out: Path) -> None:
+        from datasets.utils import logging as dlog
+
+        bars = dlog.is_progress_bar_enabled()
+        dlog.disable_progress_bar()
+        try:
+            self._build_inner(out)
+        finally:
+            if bars:
+                dlog.enable_progress_bar()
+
+    def _build_inner(self, out: Path) -> None:
+        import datasets
+        import pyarrow.compute as pc
+
+        t0 = time.perf_counter()
+        raw = self._load_raw()
+        if self._uses_classic():
+            label_field, fields, offset = "label", [c for c in raw["train"].columns if c != "label"], 1
+        else:
+            label_field, fields, offset = self.label_field, self.text_fields, 0
+        for r in raw.values():
+            P.check_columns(r, fields, label_field)
+        t1 = time.perf_counter()
+        self.timings["read"] = t1 - t0
+
+        ids, names, how = P.build_label_ids(raw, label_field, self._given_label_names, self._given_num_classes, offset)
+        parts: dict[str, Any] = {}
+        part_labels: dict[str, np.ndarray] = {}  # label ids aligned with parts[s] rows
+        dropped: dict[str, int] = {}
+        for s, r in raw.items():
+            ds = self._texts(s, r, fields).add_column("label", ids[s].tolist())
+            keep = pc.greater(pc.utf8_length(ds.data.column("text")), 0).to_numpy(zero_copy_only=False)
+            n_drop = int((~keep).sum())
+            if n_drop:
+                log.warning("[%s] dropped %d row(s) with empty/NaN text from the %s split (%s)", self.name, n_drop, s, r.origin)
+                ds = ds.select(np.flatnonzero(keep))
+            part_labels[s] = np.asarray(ids[s])[keep]
+            if len(ds) == 0:
+                raise ValueError(f"every row of the {s} split ({r.origin}) has empty text in text_fields={fields}.")
+            dropped[s] = n_drop
+            parts[s] = ds
+        t2 = time.perf_counter()
+        self.timings["normalise"] = t2 - t1
+
+        # carve missing splits from train, stratified and seeded
+        carve: dict[str, float] = {}
+        if "validation" not in parts and self.val_fraction:
+            carve["validation"] = P.check_fraction("val_fraction", self.val_fraction)
+        if "test" not in parts and self.test_fraction:
+            carve["test"] = P.check_fraction("test_fraction", self.test_fraction)
+        split_how = {s: f"given ({raw[s].origin})" for s in parts}
+        if carve:
+            if sum(carve.values()) >= 1:
+                raise ValueError(f"val_fraction + test_fraction = {sum(carve.values())} must be < 1.")
+            train = parts["train"]
+            lab = part_labels["train"]
+            idx = P.stratified_split(lab, carve, self.split_seed)
+            n_train = len(train)
+            for s, f in carve.items():
+                if len(idx[s]) == 0:
+                    raise ValueError(
+                        f"carving {s} with fraction {f} from {n_train} training rows gives an empty split; "
+                        f"provide a {s} file/split or more data."
+                    )
+                parts[s] = train.select(idx[s])
+                split_how[s] = f"carved from train: stratified, seed={self.split_seed}, fraction={f}, {len(idx[s])} of {n_train} rows"
+            parts["train"] = train.select(idx["rest"])
+            split_how["train"] = f"remaining {len(idx['rest'])} of {n_train} rows"
+        if self.limit_train_examples and len(parts["train"]) > self.limit_train_examples:
+            rng = np.random.default_rng(self.split_seed)
+            sub = np.sort(rng.permutation(len(parts["train"]))[: self.limit_train_examples])
+            parts["train"] = parts["train"].select(sub)
+            split_how["train"] += f"; limited to {self.limit_train_examples} rows (seeded random subset)"
+        for s in _SPLITS:
+            if s in parts:
+                log.info("[%s] %s: %d rows — %s", self.name, s, len(parts[s]), split_how[s])
+        t3 = time.perf_counter()
+        self.timings["split"] = t3 - t2
+
+        # tokenizer: trained on the training split only
+        train_text = parts["train"].data.column("text")
+        if self.tokenizer_file:
+            tok = load_tokenizer(self.tokenizer_file)
+        else:
+            def batches():
+                for chunk in train_text.chunks:
+                    for i in range(0, len(chunk), 1000):  # small batches keep the trainer's threads busy
+                        yield chunk.slice(i, 1000).to_pylist()
+
+            tok = train_tokenizer(batches(), self.vocab_size_cap, self.min_frequency, length=len(train_text))
+        t4 = time.perf_counter()
+        self.timings["train_tokenizer"] = t4 - t3
+
+        features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
+                                      "labels": datasets.Value("int64")})
+        max_len = self.max_length
+
+        def encode(batch):
+            return {"input_ids": encode_ids(tok, batch["text"], max_len), "labels": batch["label"]}
+
+        tokenized = {}
+        for s, ds in parts.items():
+            tokenized[s] = self._map(ds, encode, remove_columns=ds.column_names, features=features,
+                                     desc=f"tokenize {s}")
+        t5 = time.perf_counter()
+        self.timings["tokenize"] = t5 - t4
+
+        out.mkdir(parents=True, exist_ok=True)
+        datasets.DatasetDict(tokenized).save_to_disk(str(out / "dataset"))
+        save_tokenizer(tok, out / "tokenizer.json")
+        lengths = {s: pc.list_value_length(d.data.column("input_ids")).to_numpy() for s, d in tokenized.items()}
+        meta = {
+            "name": self.name, "settings": self.cache_settings(), "label_names": names,
+            "label_mapping": how, "num_classes": len(names), "vocab_size": tok.get_vocab_size(),
+            "rows": {s: len(d) for s, d in tokenized.items()}, "dropped_empty_text": dropped,
+            "split_how": split_how,
+            "class_counts": {s: np.bincount(d.data.column("labels").to_numpy(), minlength=len(names)).tolist()
+                             for s, d in tokenized.items()},
+            "mean_length": {s: float(v.mean()) for s, v in lengths.items()},
+            "truncated": {s: int((v >= max_len).sum()) for s, v in lengths.items()},
+        }
+        (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+        self.timings["save"] = time.perf_counter() - t5
+        self.timings["total"] = time.perf_counter() - t0
+        log.info("[%s] vocab %d, classes %s, timings %s", self.name, meta["vocab_size"], names,
+                 {k: round(v, 2) for k, v in self.timings.items()})
+
+    # ------------------------------------------------------------------ batching
+    def collate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+        """Pad to the longest example of the batch; mask True on real tokens."""
+        ids, mask = pad_batch([r["input_ids"] for r in rows], self.pad_id)
+        return {"input_ids": ids, "attention_mask": mask,
+                "labels": torch.tensor([int(r["labels"]) for r in rows], dtype=torch.long)}
+
+    def _distributed(self) -> bool:
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and getattr(trainer, "world_size", 1) > 1:
+            return True
+        return torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+
+    def _loader(self, ds, batch_size: int, train: bool) -> DataLoader:
+        kwargs: dict[str, Any] = dict(batch_size=batch_size, collate_fn=self.collate, num_workers=self.num_workers,
+                                      pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0)
+        if train and self.length_bucketing:
+            if self._distributed():
+                warnings.warn("length_bucketing is disabled under distributed training (plain shuffling is used) "
+                              "so that Lightning's DistributedSampler shards the data.", stacklevel=2)
+                kwargs["shuffle"] = True
+            else:
+                lengths = __import__("pyarrow.compute", fromlist=["x"]).list_value_length(ds.data.column("input_ids")).to_numpy()
+                kwargs["sampler"] = LengthBucketSampler(lengths, batch_size, seed=self.shuffle_seed)
+        else:
+            kwargs["shuffle"] = train
+        if train:
+            g = torch.Generator()
+            g.manual_seed(self.shuffle_seed)
+            kwargs["generator"] = g
+        return DataLoader(ds, **kwargs)
+
+    def train_dataloader(self) -> DataLoader:
+        self.setup("fit")
+        return self._loader(self.train_dataset, self.batch_size, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        self.setup("validate")
+        if self.val_dataset is None:
+            raise ValueError(f"[{self.name}] has no validation split; set data.val_fraction or data.validation_file.")
+        return self._loader(self.val_dataset, self.eval_batch_size, train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        self.setup("test")
+        if self.test_dataset is None:
+            raise ValueError(f"[{self.name}] has no test split; set data.test_file, data.splits.test or data.test_fraction.")
+        return self._loader(self.test_dataset, self.eval_batch_size, train=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.test_dataloader()
+
+    # ------------------------------------------------------------------ persistence
+    def save_tokenizer(self, path: str | os.PathLike) -> Path:
+        """Write tokenizer.json (``path`` is a file, or a directory to put it in)."""
+        self._require_setup("save_tokenizer")
+        return save_tokenizer(self.tokenizer, path)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Stored by Lightning inside checkpoints: the exact tokenizer and label names."""
+        if self.tokenizer is None:
+            return {}
+        return {"tokenizer_json": self.tokenizer.to_str(), "label_names": self.label_names,
+                "max_length": self.max_length, "name": self.name}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("tokenizer_json"):
+            tok = tokenizer_from_str(state["tokenizer_json"])
+            if self.tokenizer is not None and self.tokenizer.to_str() != tok.to_str():
+                warnings.warn("checkpoint tokenizer differs from the freshly prepared one; using the checkpoint's "
+                              "for encode_texts (cached datasets were tokenized with the prepared one).", stacklevel=2)
+            self.tokenizer = tok
+        if state.get("label_names") and not self.meta:
+            self.meta = {"label_names": list(state["label_names"])}

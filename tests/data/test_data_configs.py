@@ -1,7 +1,7 @@
 from pathlib import Path
 
 import pytest
-import yaml
+from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -19,9 +19,16 @@ def test_one_config_per_known_dataset():
     assert {p.stem for p in CONF.glob("*.yaml")} == set(KNOWN_DATASETS)
 
 
+def _composed(name: str):
+    """The data node as Hydra builds it: the shared base plus the dataset's own keys."""
+    with initialize_config_dir(config_dir=str(CONF.parent), version_base="1.3"):
+        cfg = compose("train", overrides=[f"data={name}", "callbacks=none", "paths.cache_dir=/unused"])
+    return cfg.data
+
+
 @pytest.mark.parametrize("name", sorted(KNOWN_DATASETS))
 def test_config_matches_registry_and_instantiates(name, tmp_path):
-    cfg = OmegaConf.load(CONF / f"{name}.yaml")
+    cfg = _composed(name)
     assert REQUIRED <= set(cfg), REQUIRED - set(cfg)
     assert cfg._target_ == "identifiable_transformers.data.TextDataModule" and cfg.name == name
     spec = KNOWN_DATASETS[name]
@@ -43,5 +50,5 @@ def test_expected_hub_ids_and_fields():
     assert k["dbpedia"]["text_fields"] == ["title", "content"] and len(k["dbpedia"]["label_names"]) == 14
     assert k["trec"]["label_field"] == "coarse_label" and len(k["trec"]["label_names"]) == 6
     assert k["sst2"]["text_fields"] == ["sentence"]
-    assert yaml.safe_load((CONF / "imdb_offline.yaml").read_text())["max_length"] == 256
-    assert yaml.safe_load((CONF / "rt_offline.yaml").read_text())["package_subset"] == "rotten_tomatoes"
+    assert _composed("imdb_offline").max_length == 256
+    assert _composed("rt_offline").package_subset == "rotten_tomatoes"

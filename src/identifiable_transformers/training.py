@@ -148,8 +148,13 @@ def run(cfg: DictConfig) -> dict:
         data_cfg=OmegaConf.to_container(cfg.data, resolve=True),
         _convert_="all",
     )
-    callbacks = _instantiate_dict(cfg.get("callbacks"))
     loggers = build_loggers(cfg)
+    callbacks = _instantiate_dict(cfg.get("callbacks"))
+    # Lightning refuses these without a logger / with the bar disabled: drop them instead of failing.
+    if cfg.trainer.get("enable_progress_bar") is False:
+        callbacks = [c for c in callbacks if not isinstance(c, pl.callbacks.ProgressBar)]
+    if not loggers:
+        callbacks = [c for c in callbacks if not isinstance(c, pl.callbacks.LearningRateMonitor)]
     trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
     try:

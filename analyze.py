@@ -1,0 +1,113 @@
+"""Identifiability report for a trained checkpoint: can its attention maps be trusted?
+
+    python analyze.py ckpt_path=PATH text="some sentence"
+    python analyze.py ckpt_path=PATH texts_file=texts.txt
+    python analyze.py ckpt_path=PATH split=validation num_examples=8
+
+Writes ``report.html`` (self-contained, images embedded), one PNG per example and
+``report.json`` to ``output_dir`` (default: the Hydra run directory). See conf/analyze.yaml.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
+log = logging.getLogger("analyze")
+
+_SPLITS = {"train": "train_dataset", "validation": "val_dataset", "test": "test_dataset"}
+
+
+def _texts_from_cfg(cfg: DictConfig) -> list[str] | None:
+    sources = [k for k in ("text", "texts_file", "split") if cfg.get(k) is not None]
+    if len(sources) != 1:
+        raise ValueError(f"give exactly one of text=..., texts_file=... or split=...; got {sources or 'none'}")
+    if cfg.get("text") is not None:
+        texts = list(cfg.text) if isinstance(cfg.text, (list, ListConfig)) else [str(cfg.text)]
+    elif cfg.get("texts_file") is not None:
+        path = Path(cfg.texts_file).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"texts_file={cfg.texts_file!r} does not exist")
+        texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not texts:
+            raise ValueError(f"texts_file={cfg.texts_file!r} has no non-blank line")
+    else:
+        return None
+    empty = [i for i, t in enumerate(texts) if not str(t).strip()]
+    if empty:
+        raise ValueError(f"text is empty (entries {empty}): pass a non-empty text, e.g. text=\"a fine film\"")
+    return [str(t) for t in texts]
+
+
+def _split_batch(cfg: DictConfig, module):
+    """Rebuild the datamodule from the checkpoint's data config and draw stratified examples."""
+    from hydra.utils import instantiate
+
+    from identifiable_transformers.diagnostics.callback import select_probe_indices
+
+    if cfg.split not in _SPLITS:
+        raise ValueError(f"split={cfg.split!r} is unknown; use one of {list(_SPLITS)}")
+    data_cfg = module.hparams.get("data_cfg")
+    if not data_cfg:
+        raise ValueError("this checkpoint has no data_cfg in its hparams: use text=... or texts_file=... instead")
+    dm = instantiate(OmegaConf.create(data_cfg))
+    dm.prepare_data()
+    dm.setup("fit" if cfg.split != "test" else "test")
+    if module.tokenizer is not None and dm.tokenizer.to_str() != module.tokenizer.to_str():
+        raise ValueError("the rebuilt data's tokenizer differs from the checkpoint's: token ids would not match; "
+                         "use text=... or texts_file=... instead")
+    ds = getattr(dm, _SPLITS[cfg.split])
+    if ds is None or len(ds) == 0:
+        raise ValueError(f"split={cfg.split!r} is empty for this data config")
+    lengths = [len(x) for x in ds["input_ids"]]
+    idx = select_probe_indices(lengths, int(cfg.num_examples), int(cfg.seed), module.model.max_len)
+    batch = dm.collate([ds[i] for i in idx])
+    return batch, idx
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="analyze")
+def main(cfg: DictConfig) -> str:
+    from identifiable_transformers.diagnostics.report_html import build_report, tokens_for_batch
+    from identifiable_transformers.lit_module import TextClassifier
+
+    ckpt = Path(str(cfg.ckpt_path)).expanduser()
+    if not ckpt.is_file():
+        raise FileNotFoundError(f"ckpt_path={str(cfg.ckpt_path)!r} is not a file: pass a checkpoint written by train.py "
+                                "(e.g. logs/train/runs/<time>/checkpoints/last.ckpt)")
+    texts = _texts_from_cfg(cfg)
+    module = TextClassifier.load_from_checkpoint(str(ckpt), map_location="cpu")
+    model = module.model.eval()
+    tokenizer = module.tokenizer
+    if texts is not None:
+        if tokenizer is None:
+            raise ValueError("this checkpoint stores no tokenizer (tokenizer_json): cannot encode text")
+        from identifiable_transformers.data import encode_texts
+
+        data_cfg = module.hparams.get("data_cfg") or {}
+        max_length = int(cfg.max_length or min(data_cfg.get("max_length", model.max_len), model.max_len))
+        batch = encode_texts(tokenizer, texts, max_length)
+        meta = {"checkpoint": str(ckpt), "max_length": max_length}
+    else:
+        batch, idx = _split_batch(cfg, module)
+        meta = {"checkpoint": str(ckpt), "split": cfg.split, "example indices": idx}
+    ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+    tokens = tokens_for_batch(tokenizer, ids, mask)
+    if texts is None:
+        texts = [" ".join(t) for t in tokens]
+    from hydra.core.hydra_config import HydraConfig
+
+    out = Path(cfg.output_dir) if cfg.get("output_dir") else Path(HydraConfig.get().runtime.output_dir)
+    path = build_report(model, ids, mask, out, tokens=tokens, texts=texts, label_names=module.label_names,
+                        title=f"Attention identifiability: {ckpt.name}", meta=meta, key_aware=bool(cfg.key_aware))
+    log.info("wrote %s", path)
+    print(path)
+    return str(path)
+
+
+if __name__ == "__main__":
+    main()

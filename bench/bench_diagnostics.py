@@ -1,0 +1,159 @@
+"""Overhead of the per-epoch identifiability diagnostics relative to one training epoch.
+
+Measured side by side in one process, on the same CPU/GPU:
+  * one training epoch: ~6.8k examples (Rotten Tomatoes train size), batch 64, dynamic padding,
+    forward + backward + AdamW step, embed 64, 4 heads;
+  * one diagnostics pass of IdentifiabilityCallback: 64 probe examples stratified over lengths
+    5-60 (the Rotten Tomatoes range), ``attention_identifiability`` with the maps;
+  * the callback's figures (null dims vs length + 3 heatmap figures), drawn synchronously, and
+    drawn in the plot thread while a training epoch runs (the callback's default).
+Lengths are synthetic (a clipped log-normal with the Rotten Tomatoes median ~22 tokens) so the
+benchmark needs no data download. Usage:
+
+    python bench/bench_diagnostics.py [--examples 6800] [--repeats 3] [--device cpu|cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from identifiable_transformers.diagnostics import attention_identifiability
+from identifiable_transformers.diagnostics.callback import _render, select_probe_indices
+from identifiable_transformers.models import TransformerClassifier
+
+VOCAB = 20_000
+
+
+def _lengths(n: int, rng: np.random.Generator) -> np.ndarray:
+    return np.clip(np.round(rng.lognormal(np.log(22), 0.45, n)), 5, 60).astype(int)
+
+
+def _batch(lengths, rng, device):
+    ids = torch.zeros(len(lengths), int(max(lengths)), dtype=torch.long)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.from_numpy(rng.integers(1, VOCAB, n))
+    return ids.to(device), (ids != 0).to(device)
+
+
+def _sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+class _Clock:
+    """Wall and process-CPU seconds: on a shared machine the CPU time is the steadier figure."""
+
+    def __enter__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+def train_epoch(model, lengths, rng, device, batch_size=64) -> tuple[float, float]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    order = rng.permutation(len(lengths))
+    batches = [_batch(lengths[order[i : i + batch_size]], rng, device) for i in range(0, len(order), batch_size)]
+    labels = [torch.randint(0, 2, (b[0].shape[0],), device=device) for b in batches]
+    model.train()
+    _sync(device)
+    with _Clock() as c:
+        for (ids, mask), y in zip(batches, labels):
+            loss = F.cross_entropy(model(ids, mask).logits, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        _sync(device)
+    return c.wall, c.cpu
+
+
+def diagnostics_pass(model, ids, mask) -> tuple[tuple[float, float], dict]:
+    """What the callback computes each epoch: the report with the maps of the plotted examples."""
+    _sync(str(ids.device))
+    with _Clock() as c:
+        rep = attention_identifiability(model, ids, mask, return_maps=True)
+    return (c.wall, c.cpu), rep
+
+
+def plot_job(model, rep, out_dir: Path) -> dict:
+    """The callback's render job: the null-dim plot and 3 heatmap figures (num_plot_examples=3)."""
+    examples = []
+    for pos in (16, 40, 63):
+        n = int(rep["lengths"][pos])
+        m = rep["maps"][pos]
+        examples.append({"index": pos, "n": n, "tokens": [f"t{i}" for i in range(n)],
+                         **{k: m[k].numpy() for k in ("attention", "effective", "alternative")},
+                         **{k: rep[k][pos].numpy() for k in ("alt_attention_tv", "witness_rel_error", "null_dim",
+                                                             "stochastic_null_dim")}})
+    return {"out": out_dir, "epoch": 0, "step": 0, "lengths": rep["lengths"].numpy(),
+            "null_dim": rep["null_dim"].numpy(), "stochastic_null_dim": rep["stochastic_null_dim"].numpy(),
+            "model": dict(embed_dim=model.embed_dim, num_heads=model.num_heads, value_dim=model.value_dim,
+                          head_combine=model.head_combine), "examples": examples}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--examples", type=int, default=6800)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args()
+    rng = np.random.default_rng(0)
+    train_lengths = _lengths(args.examples, rng)
+    val_lengths = _lengths(2000, rng)
+    probe = select_probe_indices(val_lengths, 64, seed=0)
+    ids, mask = _batch(val_lengths[probe], rng, args.device)
+    print(f"device={args.device} threads={torch.get_num_threads()} train examples={args.examples} "
+          f"(mean length {train_lengths.mean():.1f}); probe 64 examples, lengths {val_lengths[probe].min()}-"
+          f"{val_lengths[probe].max()}")
+    print("wall s (process CPU s). 'plots' = the 4 PNGs drawn synchronously; 'async' = extra wall time of a "
+          "training epoch that runs while the plot thread draws them (the callback's default)")
+    print(f"{'heads':<8}{'epoch':>15}{'diagnostics':>15}{'plots':>15}{'async':>8}{'diag/epoch':>12}"
+          f"{'diag+async':>12}{'diag+plots':>12}")
+
+    def med(f):
+        runs = [f() for _ in range(args.repeats)]
+        return float(np.median([r[0] for r in runs])), float(np.median([r[1] for r in runs]))
+
+    def fmt(x):
+        return f"{x[0]:.2f} ({x[1]:.2f})"
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    for combine in ("concat", "add"):
+        torch.manual_seed(0)
+        model = TransformerClassifier(VOCAB, 2, embed_dim=64, num_heads=4, head_combine=combine).to(args.device)
+        train_epoch(model, train_lengths[:640], rng, args.device)  # warm-up
+        epoch = med(lambda: train_epoch(model, train_lengths, rng, args.device))
+        diagnostics_pass(model, ids, mask)  # warm-up
+        diag = med(lambda: diagnostics_pass(model, ids, mask)[0])
+        rep = diagnostics_pass(model, ids, mask)[1]
+        with tempfile.TemporaryDirectory() as tmp:
+            def sync_plots():
+                with _Clock() as c:
+                    _render(plot_job(model, rep, Path(tmp)))
+                return c.wall, c.cpu
+
+            def epoch_with_async_plots():
+                with _Clock() as c:
+                    fut = pool.submit(_render, plot_job(model, rep, Path(tmp)))
+                    train_epoch(model, train_lengths, rng, args.device)
+                    fut.result()
+                return c.wall, c.cpu
+
+            plots = med(sync_plots)
+            async_extra = med(epoch_with_async_plots)[0] - epoch[0]
+        r = lambda x: f"{x / epoch[0]:.1%}"  # noqa: E731
+        print(f"{combine:<8}{fmt(epoch):>15}{fmt(diag):>15}{fmt(plots):>15}{async_extra:8.2f}{r(diag[0]):>12}"
+              f"{r(diag[0] + max(async_extra, 0.0)):>12}{r(diag[0] + plots[0]):>12}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,327 @@
+"""Per-epoch identifiability diagnostics on a fixed probe set (PAPER.md section 2).
+
+At the end of every ``every_n_epochs``-th validation epoch (never during the sanity check) the
+callback runs ``attention_identifiability`` on a fixed, seeded probe set drawn from the
+validation split, logs per layer/head and overall means under ``val/ident/...`` and writes
+plots (PNG, and W&B images when a ``WandbLogger`` is attached). Only global rank 0 computes,
+logs and writes files; the maths is cheap (one batched float64 SVD per distinct length).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+
+from .identifiability import attention_identifiability, identifiable_length
+
+log = logging.getLogger(__name__)
+
+__all__ = ["IdentifiabilityCallback", "select_probe_indices", "summarize_report"]
+
+# report key -> logged name
+_LOGGED = {
+    "null_dim": "null_dim",
+    "stochastic_null_dim": "stochastic_null_dim",
+    "alt_attention_tv": "alt_tv",
+    "effective_gap": "effective_gap",
+    "sigma_ratio": "sigma_ratio",
+    "attention_entropy": "entropy",
+}
+
+
+def select_probe_indices(lengths, probe_size: int, seed: int = 0, max_length: int | None = None) -> list[int]:
+    """Seeded, length-stratified probe: ``probe_size`` targets evenly spaced over the range of
+    eligible lengths, each filled by a random unused example of the nearest available length.
+
+    Spreading targets over the *range* (not the data's length distribution) puts probes both below
+    and above the identifiable length even when most texts are short. Returns indices sorted by
+    (length, index).
+    """
+    lengths = np.asarray(lengths)
+    eligible = np.flatnonzero((lengths >= 1) & (lengths <= (max_length or lengths.max(initial=0))))
+    if len(eligible) == 0:
+        return []
+    if probe_size >= len(eligible):
+        chosen = list(eligible)
+    else:
+        rng = np.random.default_rng(seed)
+        pools: dict[int, list[int]] = {}
+        for i in rng.permutation(eligible):
+            pools.setdefault(int(lengths[i]), []).append(int(i))
+        targets = np.linspace(lengths[eligible].min(), lengths[eligible].max(), probe_size)
+        chosen = []
+        for t in targets:
+            avail = [k for k, v in pools.items() if v]
+            best = min(avail, key=lambda k: (abs(k - t), k))
+            chosen.append(pools[best].pop())
+    return sorted((int(i) for i in chosen), key=lambda i: (int(lengths[i]), i))
+
+
+def summarize_report(report: dict[str, Any], prefix: str = "val/ident") -> dict[str, float]:
+    """Means over the probe set: overall, per layer (joint dims) and per layer/head."""
+    out: dict[str, float] = {}
+    nd, snd = report["null_dim"], report["stochastic_null_dim"]
+    _, L, H = nd.shape
+    for key, name in _LOGGED.items():
+        out[f"{prefix}/{name}"] = float(report[key].double().mean())
+    out[f"{prefix}/identifiable_frac"] = float((nd == 0).double().mean())
+    out[f"{prefix}/stochastic_identifiable_frac"] = float((snd == 0).double().mean())
+    out[f"{prefix}/joint_null_dim"] = float(report["joint_null_dim"].double().mean())
+    out[f"{prefix}/joint_identifiable_frac"] = float((report["joint_null_dim"] == 0).double().mean())
+    out[f"{prefix}/witness_rel_error_max"] = float(report["witness_rel_error"].max())
+    for l in range(L):
+        if L > 1:
+            out[f"{prefix}/l{l}/joint_null_dim"] = float(report["joint_null_dim"][:, l].double().mean())
+        for h in range(H):
+            p = f"{prefix}/l{l}_h{h}"
+            for key, name in _LOGGED.items():
+                out[f"{p}/{name}"] = float(report[key][:, l, h].double().mean())
+            out[f"{p}/identifiable_frac"] = float((nd[:, l, h] == 0).double().mean())
+            out[f"{p}/stochastic_identifiable_frac"] = float((snd[:, l, h] == 0).double().mean())
+    return out
+
+
+class IdentifiabilityCallback(pl.Callback):
+    """Log identifiability diagnostics of the attention heads once per validation epoch.
+
+    Args:
+        probe_size: number of validation examples in the fixed probe set.
+        every_n_epochs: run on epochs where (epoch + 1) % every_n_epochs == 0.
+        seed: seed of the probe selection (the same seed gives the same probes for every model
+            trained on the same data, so concat and add runs are compared on identical inputs).
+        num_plot_examples: probe sentences drawn as attention heatmaps each epoch (0: none).
+        max_probe_length: longest eligible example; None = min(model.max_len, 2 * embed_dim + 2),
+            which spans lengths above the add design's identifiable length d + 1.
+        output_dir: where probe ids, PNGs and metric JSONs go; None =
+            ``<trainer.default_root_dir>/identifiability``.
+        plots: write the figures (False: metrics only).
+        async_plots: draw the figures in a background thread so training continues meanwhile
+            (drawing, ~0.6 s CPU per heatmap figure, is most of the callback's cost); finished
+            figures go to W&B at the next epoch end and all are flushed at the end of fit.
+    """
+
+    def __init__(
+        self,
+        probe_size: int = 64,
+        every_n_epochs: int = 1,
+        seed: int = 0,
+        num_plot_examples: int = 3,
+        max_probe_length: int | None = None,
+        output_dir: str | None = None,
+        plots: bool = True,
+        async_plots: bool = True,
+    ) -> None:
+        super().__init__()
+        if probe_size < 1:
+            raise ValueError(f"probe_size must be >= 1, got {probe_size}")
+        if every_n_epochs < 1:
+            raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
+        if num_plot_examples < 0:
+            raise ValueError(f"num_plot_examples must be >= 0, got {num_plot_examples}")
+        if max_probe_length is not None and max_probe_length < 1:
+            raise ValueError(f"max_probe_length must be >= 1 or null, got {max_probe_length}")
+        self.probe_size, self.every_n_epochs, self.seed = probe_size, every_n_epochs, seed
+        self.num_plot_examples, self.max_probe_length = num_plot_examples, max_probe_length
+        self.output_dir = output_dir
+        self.plots, self.async_plots = plots, async_plots
+        self._executor = None
+        self._pending: list = []
+        self._probe: dict[str, Any] | None = None
+        self.last_report: dict[str, Any] | None = None
+        self.last_metrics: dict[str, float] | None = None
+
+    # -------------------------------------------------------------------------------- probe set
+    def _out_dir(self, trainer: pl.Trainer) -> Path:
+        return Path(self.output_dir) if self.output_dir else Path(trainer.default_root_dir) / "identifiability"
+
+    def _build_probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        dm = getattr(trainer, "datamodule", None)
+        if dm is None:
+            raise RuntimeError(
+                "IdentifiabilityCallback needs trainer.datamodule (with val_dataset, collate and tokenizer): "
+                "pass datamodule= to trainer.fit/validate, or remove the callback (callbacks.identifiability=null)"
+            )
+        ds = getattr(dm, "val_dataset", None)
+        if ds is None or not hasattr(dm, "collate"):
+            raise RuntimeError(
+                "IdentifiabilityCallback needs trainer.datamodule.val_dataset and .collate; "
+                f"got {type(dm).__name__} with val_dataset={type(ds).__name__}"
+            )
+        model = pl_module.model
+        cap = self.max_probe_length or min(model.max_len, 2 * model.embed_dim + 2)
+        lengths = np.array([len(x) for x in ds["input_ids"]])
+        idx = select_probe_indices(lengths, self.probe_size, self.seed, cap)
+        if not idx:
+            raise RuntimeError(f"no validation example has 1 <= length <= max_probe_length={cap}")
+        too_long = int((lengths > cap).sum())
+        if too_long:
+            log.info("identifiability probe: %d of %d validation examples are longer than %d tokens and not eligible",
+                     too_long, len(lengths), cap)
+        rows = [ds[i] for i in idx]
+        batch = dm.collate(rows)
+        tokenizer = getattr(dm, "tokenizer", None)
+        tokens = None
+        if tokenizer is not None:
+            tokens = [[tokenizer.id_to_token(int(t)) or str(int(t)) for t in r["input_ids"]] for r in rows]
+        bounds = identifiable_length(model.head_combine, model.embed_dim, model.num_heads, model.value_dim)
+        probe = {"indices": idx, "lengths": [int(lengths[i]) for i in idx], "batch": batch, "tokens": tokens,
+                 "bounds": bounds, "max_probe_length": cap}
+        if trainer.is_global_zero:
+            out = self._out_dir(trainer)
+            out.mkdir(parents=True, exist_ok=True)
+            meta = {k: probe[k] for k in ("indices", "lengths", "bounds", "max_probe_length")}
+            meta.update(seed=self.seed, probe_size=self.probe_size, split="validation",
+                        num_validation_examples=len(lengths), num_too_long=too_long)
+            (out / "probe.json").write_text(json.dumps(meta, indent=1))
+        n = np.array(probe["lengths"])
+        log.info("identifiability probe: %d examples, lengths %d-%d, %d above the head bound %d",
+                 len(idx), n.min(), n.max(), int((n > bounds["head"]).sum()), bounds["head"])
+        return probe
+
+    def _ensure_probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        if self._probe is None:
+            self._probe = self._build_probe(trainer, pl_module)
+        return self._probe
+
+    # ------------------------------------------------------------------------------------ hooks
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Fail at the start of training, not after the first epoch, when the data is unusable.
+        self._ensure_probe(trainer, pl_module)
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
+            return
+        probe = self._ensure_probe(trainer, pl_module)
+        if not trainer.is_global_zero:
+            return
+        t0 = time.perf_counter()
+        batch = probe["batch"]
+        report = attention_identifiability(
+            pl_module.model,
+            batch["input_ids"].to(pl_module.device),
+            batch["attention_mask"].to(pl_module.device),
+            return_maps=self.plots and self.num_plot_examples > 0,
+        )
+        metrics = summarize_report(report)
+        bounds = probe["bounds"]
+        metrics["val/ident/identifiable_length"] = float(bounds["head"])
+        metrics["val/ident/joint_identifiable_length"] = float(bounds["joint"])
+        metrics["val/ident/compute_s"] = time.perf_counter() - t0
+        for key, value in metrics.items():
+            pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
+        self.last_report, self.last_metrics = report, metrics
+        out = self._out_dir(trainer) / f"epoch_{trainer.current_epoch:03d}"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        if self.plots:
+            self._plot(trainer, pl_module, report, probe, out)
+
+    # ------------------------------------------------------------------------------------ plots
+    def _plot_positions(self, lengths: list[int]) -> list[int]:
+        """Probe positions to draw: spread over the upper three quarters of the length range."""
+        k = min(self.num_plot_examples, len(lengths))
+        if k == 0:
+            return []
+        quantiles = np.linspace(0.25, 1.0, k) if k > 1 else np.array([0.75])
+        return sorted({int(round(q * (len(lengths) - 1))) for q in quantiles})
+
+    def _plot(self, trainer, pl_module, report, probe, out: Path) -> None:
+        """Copy what the figures need, then render them (in a worker thread when ``async_plots``)."""
+        model = pl_module.model
+        epoch = trainer.current_epoch
+        job: dict[str, Any] = {
+            "out": out, "epoch": epoch, "step": trainer.global_step,
+            "lengths": report["lengths"].numpy(), "null_dim": report["null_dim"].numpy(),
+            "stochastic_null_dim": report["stochastic_null_dim"].numpy(),
+            "model": dict(embed_dim=model.embed_dim, num_heads=model.num_heads, value_dim=model.value_dim,
+                          head_combine=model.head_combine), "examples": [],
+        }
+        for pos in self._plot_positions(probe["lengths"]):
+            n = int(report["lengths"][pos])
+            m = report["maps"][pos]
+            job["examples"].append({
+                "index": probe["indices"][pos], "n": n,
+                "tokens": probe["tokens"][pos][:n] if probe["tokens"] is not None else [str(i) for i in range(n)],
+                **{k: m[k].numpy() for k in ("attention", "effective", "alternative")},
+                **{k: report[k][pos].numpy() for k in ("alt_attention_tv", "witness_rel_error", "null_dim",
+                                                       "stochastic_null_dim")},
+            })
+        if self.async_plots:
+            self._flush(trainer, wait=False)
+            if self._executor is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ident-plots")
+            self._pending.append(self._executor.submit(_render, job))
+        else:
+            self._log_wandb(trainer, _render(job))
+
+    def _flush(self, trainer: pl.Trainer, wait: bool) -> None:
+        """Send finished renders to W&B from the main thread (all of them when ``wait``)."""
+        still = []
+        for fut in self._pending:
+            if wait or fut.done():
+                try:
+                    self._log_wandb(trainer, fut.result())
+                except Exception as err:  # a failed figure must not kill training
+                    log.warning("identifiability plots failed: %s", err)
+            else:
+                still.append(fut)
+        self._pending = still
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._flush(trainer, wait=True)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.training:  # trainer.validate(): nothing runs after, so finish now
+            self._flush(trainer, wait=True)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._flush(trainer, wait=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    @staticmethod
+    def _log_wandb(trainer: pl.Trainer, rendered: dict[str, Any]) -> None:
+        try:
+            from lightning.pytorch.loggers import WandbLogger
+        except ImportError:  # pragma: no cover
+            return
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.log_image(key="val/ident/null_dim_vs_length", images=rendered["null_dim_vs_length"],
+                                 step=rendered["step"])
+                if rendered["attention"]:
+                    logger.log_image(key="val/ident/attention", images=rendered["attention"],
+                                     caption=rendered["captions"], step=rendered["step"])
+
+
+def _render(job: dict[str, Any]) -> dict[str, Any]:
+    """Draw and save one epoch's figures (runs in the plot thread: touches no trainer state)."""
+    from .plots import plot_attention_maps, plot_null_dim_vs_length, save_figure
+
+    out, epoch, cfg = job["out"], job["epoch"], job["model"]
+    fig = plot_null_dim_vs_length(
+        job["lengths"], job["null_dim"], job["stochastic_null_dim"], **cfg,
+        title=f"epoch {epoch}: null dims vs length ({cfg['head_combine']}, d={cfg['embed_dim']}, "
+              f"h={cfg['num_heads']}, d_v={cfg['value_dim']})",
+    )
+    rendered = {"step": job["step"], "null_dim_vs_length": [str(save_figure(fig, out / "null_dim_vs_length.png"))],
+                "attention": [], "captions": []}
+    for ex in job["examples"]:
+        fig = plot_attention_maps(
+            ex["attention"], ex["effective"], ex["alternative"], tokens=ex["tokens"], alt_tv=ex["alt_attention_tv"],
+            rel_error=ex["witness_rel_error"], null_dim=ex["null_dim"], stochastic_null_dim=ex["stochastic_null_dim"],
+            title=f"epoch {epoch}, validation example {ex['index']} (n={ex['n']})",
+        )
+        rendered["attention"].append(str(save_figure(fig, out / f"attention_val{ex['index']}.png")))
+        rendered["captions"].append(f"val example {ex['index']}, n={ex['n']}")
+    return rendered

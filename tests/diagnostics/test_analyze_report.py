@@ -1,0 +1,110 @@
+"""analyze.py and the HTML report: self-contained output, correct per-head numbers, clear errors."""
+
+import json
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+
+from identifiable_transformers.diagnostics.report_html import build_report, tokens_for_batch
+from identifiable_transformers.lit_module import TextClassifier
+from identifiable_transformers.models import TransformerClassifier
+
+ROOT = Path(__file__).resolve().parents[2]
+WORDS = "the a film movie good bad great dull funny boring plot acting long short very not".split()
+
+
+def _tokenizer():
+    vocab = {"<pad>": 0, "<unk>": 1, "<cls>": 2, "<sep>": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}
+    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = Whitespace()
+    return tok
+
+
+def test_build_report_is_self_contained_and_consistent(tmp_path):
+    torch.manual_seed(0)
+    tok = _tokenizer()
+    model = TransformerClassifier(tok.get_vocab_size(), 2, embed_dim=8, num_heads=2, positional="sinusoidal").eval()
+    texts = ["good film", "the film was very long and the plot very dull not funny at all great acting though"]
+    enc = [tok.encode(t).ids for t in texts]
+    ids = torch.zeros(2, max(map(len, enc)), dtype=torch.long)
+    for i, e in enumerate(enc):
+        ids[i, : len(e)] = torch.tensor(e)
+    mask = ids != 0
+    tokens = tokens_for_batch(tok, ids, mask)
+    assert tokens[0] == ["good", "film"]
+    path = build_report(model, ids, mask, tmp_path, tokens=tokens, texts=texts, label_names=["neg", "pos"],
+                        key_aware=True)
+    page = path.read_text()
+    assert page.count("data:image/png;base64,") == 2 and "<img" in page and "src='http" not in page
+    assert "identifiable up to <b>n = 4</b>" in page  # concat, d/h = 4
+    assert (tmp_path / "example0.png").stat().st_size > 1000 and (tmp_path / "example1.png").is_file()
+    heads = json.loads((tmp_path / "report.json").read_text())["heads"]
+    assert len(heads) == 2 * 1 * 2
+    for r in heads:
+        n = r["length"]
+        assert r["null_dim"] == max(0, n - 4) and r["stochastic_null_dim"] == max(0, n - 5)
+        assert r["witness_rel_error"] <= 1e-6
+        assert (r["alt_attention_tv"] > 0) == (r["stochastic_null_dim"] > 0)
+        assert r["key_agnostic_dim"] == n * r["stochastic_null_dim"]
+    assert "not identifiable" in page and "identifiable" in page
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ckpt")
+    tok = _tokenizer()
+    module = TextClassifier(tok.get_vocab_size(), 2, embed_dim=8, num_heads=2, head_combine="add", key_dim=2,
+                            label_names=["neg", "pos"], tokenizer_json=tok.to_str())
+    ids = torch.randint(4, tok.get_vocab_size(), (8, 6))
+    data = [{"input_ids": ids[i], "attention_mask": torch.ones(6, dtype=torch.bool), "labels": torch.tensor(i % 2)}
+            for i in range(8)]
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    trainer = pl.Trainer(max_epochs=1, limit_train_batches=1, accelerator="cpu", logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp)
+    trainer.fit(module, train_dataloaders=loader)
+    path = tmp / "model.ckpt"
+    trainer.save_checkpoint(path)
+    return path
+
+
+def _run_analyze(overrides):
+    sys.path.insert(0, str(ROOT))
+    try:
+        import analyze
+    finally:
+        sys.path.remove(str(ROOT))
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="analyze", overrides=overrides)
+    return analyze.main.__wrapped__(cfg)
+
+
+def test_analyze_text_and_texts_file(checkpoint, tmp_path):
+    out = tmp_path / "a"
+    path = Path(_run_analyze([f"ckpt_path={checkpoint}", "text=a very good film", f"output_dir={out}"]))
+    assert path == out / "report.html" and "Example 0" in path.read_text()
+    heads = json.loads((out / "report.json").read_text())["heads"]
+    assert [h["length"] for h in heads] == [4, 4]  # <unk> for 'a' is still a token; add heads: d = 8
+    assert all(h["null_dim"] == 0 for h in heads)
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("good film\n\nthe plot was dull and the acting bad\n")
+    out = tmp_path / "b"
+    _run_analyze([f"ckpt_path={checkpoint}", f"texts_file={texts}", f"output_dir={out}"])
+    assert len(json.loads((out / "report.json").read_text())["heads"]) == 2 * 2
+
+
+def test_analyze_errors_are_clear(checkpoint, tmp_path):
+    with pytest.raises(FileNotFoundError, match="ckpt_path"):
+        _run_analyze([f"ckpt_path={tmp_path / 'missing.ckpt'}", "text=good", f"output_dir={tmp_path}"])
+    with pytest.raises(ValueError, match="empty"):
+        _run_analyze([f"ckpt_path={checkpoint}", "text=' '", f"output_dir={tmp_path}"])
+    with pytest.raises(ValueError, match="exactly one"):
+        _run_analyze([f"ckpt_path={checkpoint}", f"output_dir={tmp_path}"])

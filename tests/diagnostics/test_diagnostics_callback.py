@@ -1,0 +1,159 @@
+"""IdentifiabilityCallback inside a real (tiny, CPU) Lightning fit."""
+
+import csv
+import json
+
+import datasets
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.loggers import CSVLogger
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from torch.utils.data import DataLoader
+
+from identifiable_transformers.diagnostics.callback import IdentifiabilityCallback, select_probe_indices
+from identifiable_transformers.models import TransformerClassifier
+
+VOCAB = 60
+
+
+def _tokenizer():
+    vocab = {"<pad>": 0, "<unk>": 1, "<cls>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    return Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+
+
+def _rows(n_rows, seed):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n_rows):
+        n = int(rng.integers(2, 30))
+        rows.append({"input_ids": [2] + rng.permutation(np.arange(3, VOCAB))[: n - 1].tolist(),
+                     "labels": int(rng.integers(0, 2))})
+    return rows
+
+
+class TinyData(pl.LightningDataModule):
+    def __init__(self):
+        super().__init__()
+        self.tokenizer = _tokenizer()
+        self.train_dataset = datasets.Dataset.from_list(_rows(32, 0))
+        self.val_dataset = datasets.Dataset.from_list(_rows(40, 1))
+
+    def collate(self, rows):
+        T = max(len(r["input_ids"]) for r in rows)
+        ids = torch.zeros(len(rows), T, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
+        return {"input_ids": ids, "attention_mask": ids != 0, "labels": torch.tensor([r["labels"] for r in rows])}
+
+    def train_dataloader(self):
+        return DataLoader(list(self.train_dataset), batch_size=16, collate_fn=self.collate)
+
+    def val_dataloader(self):
+        return DataLoader(list(self.val_dataset), batch_size=16, collate_fn=self.collate)
+
+
+class TinyModule(pl.LightningModule):
+    def __init__(self, head_combine="concat"):
+        super().__init__()
+        self.model = TransformerClassifier(VOCAB, 2, embed_dim=16, num_heads=4, head_combine=head_combine,
+                                           key_dim=2, positional="sinusoidal", max_len=64)
+
+    def _loss(self, batch):
+        return F.cross_entropy(self.model(batch["input_ids"], batch["attention_mask"]).logits, batch["labels"])
+
+    def training_step(self, batch, batch_idx):
+        return self._loss(batch)
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", self._loss(batch), batch_size=batch["labels"].shape[0])
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def _trainer(tmp_path, cb, **kw):
+    return pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, default_root_dir=tmp_path, callbacks=[cb],
+                      logger=CSVLogger(tmp_path, name="csv"), enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=1, **kw)
+
+
+@pytest.mark.parametrize("async_plots", [True, False])
+def test_callback_logs_keys_and_writes_plots(tmp_path, async_plots):
+    torch.manual_seed(0)
+    cb = IdentifiabilityCallback(probe_size=12, num_plot_examples=2, seed=0, async_plots=async_plots)
+    trainer = _trainer(tmp_path, cb)
+    trainer.fit(TinyModule(), datamodule=TinyData())
+
+    logged = trainer.logged_metrics
+    for name in ("null_dim", "stochastic_null_dim", "identifiable_frac", "stochastic_identifiable_frac", "alt_tv",
+                 "effective_gap", "sigma_ratio", "entropy", "joint_null_dim", "identifiable_length"):
+        assert f"val/ident/{name}" in logged, name
+    for h in range(4):
+        assert f"val/ident/l0_h{h}/null_dim" in logged and f"val/ident/l0_h{h}/identifiable_frac" in logged
+    # Closed form on the probe (concat, d/h = 4, distinct tokens): mean over examples of max(0, n - 4).
+    probe = json.loads((tmp_path / "identifiability" / "probe.json").read_text())
+    assert len(probe["indices"]) == 12 and probe["lengths"] == sorted(probe["lengths"])
+    expected = np.mean([max(0, n - 4) for n in probe["lengths"]])
+    assert float(logged["val/ident/null_dim"]) == pytest.approx(expected)
+    assert float(logged["val/ident/identifiable_frac"]) == pytest.approx(np.mean([n <= 4 for n in probe["lengths"]]))
+
+    with open(trainer.logger.log_dir + "/metrics.csv") as f:
+        header = next(csv.reader(f))
+    assert "val/ident/l0_h3/alt_tv" in header
+
+    epoch_dir = tmp_path / "identifiability" / "epoch_000"
+    pngs = sorted(p.name for p in epoch_dir.glob("*.png"))
+    assert "null_dim_vs_length.png" in pngs
+    assert len([p for p in pngs if p.startswith("attention_val")]) == 2
+    assert all((epoch_dir / p).stat().st_size > 1000 for p in pngs)
+    assert json.loads((epoch_dir / "metrics.json").read_text())["val/ident/null_dim"] == pytest.approx(expected)
+
+
+def test_callback_skips_epochs_and_needs_a_datamodule(tmp_path):
+    cb = IdentifiabilityCallback(probe_size=4, every_n_epochs=2, plots=False)
+    trainer = _trainer(tmp_path, cb)
+    trainer.fit(TinyModule("add"), datamodule=TinyData())
+    assert "val/ident/null_dim" not in trainer.logged_metrics
+    assert not (tmp_path / "identifiability" / "epoch_000").exists()
+
+    data = TinyData()
+    trainer = _trainer(tmp_path / "b", IdentifiabilityCallback(probe_size=4))
+    with pytest.raises(RuntimeError, match="datamodule"):
+        trainer.fit(TinyModule(), train_dataloaders=data.train_dataloader(), val_dataloaders=data.val_dataloader())
+
+
+def test_probe_selection_is_seeded_stratified_and_capped():
+    lengths = np.r_[np.full(500, 5), np.arange(6, 80)]  # most texts short, a long tail
+    a = select_probe_indices(lengths, 20, seed=0, max_length=60)
+    assert a == select_probe_indices(lengths, 20, seed=0, max_length=60)
+    assert a != select_probe_indices(lengths, 20, seed=1, max_length=60)
+    picked = lengths[a]
+    assert len(set(a)) == 20 and picked.max() <= 60 and picked.min() == 5
+    assert (picked > 40).sum() >= 5  # spans the range instead of following the mass at 5
+    assert select_probe_indices(lengths[:3], 20) == [0, 1, 2]
+    with pytest.raises(ValueError):
+        IdentifiabilityCallback(probe_size=0)
+
+
+def test_rendered_figures_go_to_wandb_loggers_only():
+    from types import SimpleNamespace
+
+    from lightning.pytorch.loggers import WandbLogger
+
+    class FakeWandb(WandbLogger):
+        def __init__(self):  # no W&B run: only log_image is used
+            self.calls = []
+
+        def log_image(self, key, images, step=None, **kwargs):
+            self.calls.append((key, images, step, kwargs.get("caption")))
+
+    wb = FakeWandb()
+    trainer = SimpleNamespace(loggers=[CSVLogger("unused"), wb])
+    rendered = {"step": 7, "null_dim_vs_length": ["a.png"], "attention": ["b.png", "c.png"], "captions": ["b", "c"]}
+    IdentifiabilityCallback._log_wandb(trainer, rendered)
+    assert wb.calls == [("val/ident/null_dim_vs_length", ["a.png"], 7, None),
+                        ("val/ident/attention", ["b.png", "c.png"], 7, ["b", "c"])]

@@ -1,0 +1,161 @@
+"""The training app end to end on the real offline default data (CPU, few batches)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import hydra
+import pytest
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import open_dict
+
+from identifiable_transformers.lit_module import TextClassifier
+from identifiable_transformers.training import check_strategy, run
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+options = lambda group: sorted(p.stem for p in (CONF / group).glob("*.yaml"))  # noqa: E731
+
+
+@pytest.mark.parametrize("model", options("model"))
+@pytest.mark.parametrize("data", options("data"))
+def test_every_model_and_data_config_instantiates_offline(make_cfg, tmp_path, model, data):
+    extra = []
+    if data == "local":  # needs a file to point at
+        (tmp_path / "train.csv").write_text("text,label\ngood film,1\nbad film,0\n")
+        extra = [f"data.train_file={tmp_path / 'train.csv'}"]
+    cfg = make_cfg(f"model={model}", f"data={data}", *extra)
+    dm = hydra.utils.instantiate(cfg.data, _convert_="all")  # building it must not download anything
+    assert dm.__class__.__name__ == "TextDataModule"
+    lit = hydra.utils.instantiate(cfg.model, vocab_size=50, num_classes=3, _convert_="all")
+    assert isinstance(lit, TextClassifier)
+    expected = "add" if model == "identifiable" else "concat"
+    assert lit.model.head_combine == expected
+
+
+@pytest.mark.parametrize("trainer", options("trainer"))
+def test_every_trainer_config_composes(make_cfg, trainer):
+    cfg = make_cfg(f"trainer={trainer}", fast=False)
+    assert cfg.trainer._target_ == "lightning.pytorch.Trainer"
+    if cfg.trainer.accelerator == "cpu" or cfg.trainer.accelerator == "auto":
+        t = hydra.utils.instantiate(cfg.trainer, logger=False)
+        assert t.num_devices == cfg.trainer.devices
+
+
+@pytest.mark.parametrize("extra", [["experiment=reference"], ["debug=fdr"], ["debug=limit"], ["debug=overfit"],
+                                   ["hparams_search=optuna"], ["callbacks=[default,early_stopping]"],
+                                   ["logger=csv"], ["logger=tensorboard"], ["logger=wandb"]])
+def test_presets_compose(make_cfg, extra):
+    cfg = make_cfg(*extra, fast=False)
+    assert cfg.model._target_.endswith("TextClassifier")
+
+
+def test_fast_dev_run_end_to_end(make_cfg, tmp_path):
+    result = run(make_cfg("debug=fdr"))
+    assert {"train/loss", "val/acc", "test/acc", "test/f1"} <= set(result["metrics"])
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["metrics"] == result["metrics"]
+    assert (tmp_path / "run" / "tokenizer.json").is_file()
+
+
+def test_short_training_learns_and_checkpoint_reloads_without_hydra(make_cfg, tmp_path):
+    cfg = make_cfg("trainer.max_epochs=2", "trainer.limit_train_batches=60", "trainer.limit_val_batches=null",
+                   "trainer.limit_test_batches=null", "model.embed_dim=32", "data.batch_size=64")
+    result = run(cfg)
+    m = result["metrics"]
+    assert m["test/acc"] > 0.6, m  # balanced binary task: chance is 0.5
+    assert result["best_epoch"] in (0, 1) and result["best_val_acc"] == pytest.approx(m["val/acc_best"])
+    # the checkpoint alone (no Hydra) rebuilds model, tokenizer and labels and predicts the same
+    ckpt = result["best_model_path"]
+    loaded = TextClassifier.load_from_checkpoint(ckpt, map_location="cpu").eval()
+    assert loaded.label_names == ["negative", "positive"]
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    fresh = TextClassifier(**{k: v for k, v in loaded.hparams.items()})
+    fresh.load_state_dict(state)
+    from identifiable_transformers.data import encode_texts
+
+    batch = encode_texts(loaded.tokenizer, ["a gripping , beautiful film", "dull and far too long"], 64)
+    with torch.no_grad():
+        a = loaded(batch["input_ids"], batch["attention_mask"]).logits
+        b = fresh.eval()(batch["input_ids"], batch["attention_mask"]).logits
+    torch.testing.assert_close(a, b)
+    assert batch["input_ids"][0, 0].item() == loaded.tokenizer.token_to_id("<cls>")
+
+
+def test_resume_from_last_checkpoint_matches_uninterrupted_run(make_cfg, tmp_path):
+    common = ["trainer.deterministic=true", "callbacks=[model_checkpoint]", "test=false"]
+    straight = run(make_cfg("trainer.max_epochs=2", *common))["metrics"]
+    with open_dict(cfg := make_cfg("trainer.max_epochs=1", *common)):
+        cfg.paths.output_dir = cfg.hydra.runtime.output_dir = str(tmp_path / "first")
+    HydraConfig().set_config(cfg)
+    run(cfg)
+    with open_dict(cfg := make_cfg("trainer.max_epochs=2", *common, f"ckpt_path={tmp_path / 'first/checkpoints/last.ckpt'}")):
+        cfg.paths.output_dir = cfg.hydra.runtime.output_dir = str(tmp_path / "resumed")
+    HydraConfig().set_config(cfg)
+    resumed = run(cfg)["metrics"]
+    for key in ("val/acc", "val/loss", "train/loss_epoch"):
+        assert resumed[key] == straight[key], key
+
+
+def test_evaluate_only_from_checkpoint(make_cfg, tmp_path):
+    first = run(make_cfg("callbacks=[model_checkpoint]"))
+    with open_dict(cfg := make_cfg("train=false", f"ckpt_path={first['best_model_path']}")):
+        cfg.paths.output_dir = cfg.hydra.runtime.output_dir = str(tmp_path / "eval")
+    HydraConfig().set_config(cfg)
+    again = run(cfg)["metrics"]
+    assert again["test/acc"] == pytest.approx(first["metrics"]["test/acc"])
+    with pytest.raises(FileNotFoundError, match="ckpt_path"):
+        run(make_cfg("train=false", "ckpt_path=/nonexistent/x.ckpt"))
+
+
+def test_plain_ddp_inside_local_multirun_is_refused(make_cfg):
+    cfg = make_cfg("trainer=ddp_sim", "trainer.strategy=ddp")
+    with open_dict(cfg):
+        cfg.hydra.mode = "MULTIRUN"
+    HydraConfig().set_config(cfg)
+    with pytest.raises(ValueError, match="ddp_spawn"):
+        check_strategy(cfg)
+
+
+def _train_py(*args, tmp_path, env=None, timeout=600):
+    cmd = [sys.executable, str(ROOT / "train.py"), *args]
+    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+FAST_CLI = ["trainer=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
+            "trainer.limit_test_batches=2", "trainer.enable_progress_bar=false", "model.embed_dim=16",
+            "model.ffn_dim=32", "data.max_length=64", "callbacks.identifiability.probe_size=8"]
+
+
+def test_two_job_multirun_writes_two_run_dirs(tmp_path, cache_dir):
+    proc = _train_py("-m", "model=baseline,identifiable", "logger=none", *FAST_CLI,
+                     f"paths.log_dir={tmp_path}/logs", f"paths.cache_dir={cache_dir}", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = sorted((tmp_path / "logs").rglob("metrics.json"))
+    assert len(found) == 2, found
+    combines = {json.loads(p.read_text())["config"]["model"]["head_combine"] for p in found}
+    assert combines == {"concat", "add"}
+
+
+def test_wandb_without_api_key_logs_offline(tmp_path, cache_dir):
+    env = {"WANDB_MODE": "", "WANDB_API_KEY": "", "HOME": str(tmp_path), "WANDB_DIR": str(tmp_path / "wandbdir")}
+    proc = _train_py("logger=wandb", *FAST_CLI, f"paths.log_dir={tmp_path}/logs", f"paths.cache_dir={cache_dir}",
+                     tmp_path=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "offline" in proc.stderr + proc.stdout
+    summaries = list((tmp_path / "logs").rglob("wandb-summary.json"))
+    assert summaries, "no offline W&B run was written"
+    keys = set(json.loads(summaries[0].read_text()))
+    assert {"train/loss_epoch", "val/acc", "val/f1", "test/acc"} <= keys, keys
+
+
+@pytest.mark.slow
+def test_ddp_sim_two_cpu_processes(tmp_path, cache_dir):
+    proc = _train_py("trainer=ddp_sim", "logger=csv", *[a for a in FAST_CLI if not a.startswith("trainer=")],
+                     f"paths.log_dir={tmp_path}/logs", f"paths.cache_dir={cache_dir}", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads(next((tmp_path / "logs").rglob("metrics.json")).read_text())
+    assert "test/acc" in metrics["metrics"]

@@ -28,7 +28,6 @@ FAST = [
     "model.ffn_dim=32",
     "data.batch_size=16",
     "data.max_length=64",
-    "callbacks.identifiability.probe_size=8",
 ]
 
 
@@ -40,19 +39,21 @@ def cache_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def make_cfg(tmp_path, cache_dir):
-    """make_cfg(*overrides, fast=True) -> composed train config writing into tmp_path."""
+    """make_cfg(*overrides, fast=True, out="run") -> composed train config writing into tmp_path/out."""
 
-    def make(*overrides: str, fast: bool = True, config_name: str = "train") -> DictConfig:
+    def make(*overrides: str, fast: bool = True, out: str = "run", config_name: str = "train") -> DictConfig:
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
             cfg = compose(config_name, overrides=[*(FAST if fast else []), *overrides], return_hydra_config=True)
         with open_dict(cfg):
-            cfg.paths.output_dir = str(tmp_path / "run")
+            cfg.paths.output_dir = str(tmp_path / out)
             cfg.paths.log_dir = str(tmp_path / "logs")
             cfg.paths.cache_dir = str(cache_dir)
-            cfg.hydra.runtime.output_dir = str(tmp_path / "run")
+            cfg.hydra.runtime.output_dir = str(tmp_path / out)
             cfg.hydra.job.num = 0
             cfg.hydra.job.id = 0
+            if fast and cfg.get("callbacks") and cfg.callbacks.get("identifiability"):
+                cfg.callbacks.identifiability.probe_size = 8
         HydraConfig().set_config(cfg)
         return cfg
 

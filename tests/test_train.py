@@ -10,7 +10,7 @@ import hydra
 import pytest
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 from identifiable_transformers.lit_module import TextClassifier
 from identifiable_transformers.training import check_strategy, run
@@ -61,12 +61,12 @@ def test_fast_dev_run_end_to_end(make_cfg, tmp_path):
 
 
 def test_short_training_learns_and_checkpoint_reloads_without_hydra(make_cfg, tmp_path):
-    cfg = make_cfg("trainer.max_epochs=2", "trainer.limit_train_batches=60", "trainer.limit_val_batches=null",
+    cfg = make_cfg("trainer.max_epochs=3", "trainer.limit_train_batches=null", "trainer.limit_val_batches=null",
                    "trainer.limit_test_batches=null", "model.embed_dim=32", "data.batch_size=64")
     result = run(cfg)
     m = result["metrics"]
     assert m["test/acc"] > 0.6, m  # balanced binary task: chance is 0.5
-    assert result["best_epoch"] in (0, 1) and result["best_val_acc"] == pytest.approx(m["val/acc_best"])
+    assert result["best_epoch"] in (0, 1, 2) and result["best_val_acc"] == pytest.approx(m["val/acc_best"])
     # the checkpoint alone (no Hydra) rebuilds model, tokenizer and labels and predicts the same
     ckpt = result["best_model_path"]
     loaded = TextClassifier.load_from_checkpoint(ckpt, map_location="cpu").eval()
@@ -87,24 +87,16 @@ def test_short_training_learns_and_checkpoint_reloads_without_hydra(make_cfg, tm
 def test_resume_from_last_checkpoint_matches_uninterrupted_run(make_cfg, tmp_path):
     common = ["trainer.deterministic=true", "callbacks=[model_checkpoint]", "test=false"]
     straight = run(make_cfg("trainer.max_epochs=2", *common))["metrics"]
-    with open_dict(cfg := make_cfg("trainer.max_epochs=1", *common)):
-        cfg.paths.output_dir = cfg.hydra.runtime.output_dir = str(tmp_path / "first")
-    HydraConfig().set_config(cfg)
-    run(cfg)
-    with open_dict(cfg := make_cfg("trainer.max_epochs=2", *common, f"ckpt_path={tmp_path / 'first/checkpoints/last.ckpt'}")):
-        cfg.paths.output_dir = cfg.hydra.runtime.output_dir = str(tmp_path / "resumed")
-    HydraConfig().set_config(cfg)
-    resumed = run(cfg)["metrics"]
+    run(make_cfg("trainer.max_epochs=1", *common, out="first"))
+    last = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    resumed = run(make_cfg("trainer.max_epochs=2", *common, f"ckpt_path={last}", out="resumed"))["metrics"]
     for key in ("val/acc", "val/loss", "train/loss_epoch"):
         assert resumed[key] == straight[key], key
 
 
 def test_evaluate_only_from_checkpoint(make_cfg, tmp_path):
     first = run(make_cfg("callbacks=[model_checkpoint]"))
-    with open_dict(cfg := make_cfg("train=false", f"ckpt_path={first['best_model_path']}")):
-        cfg.paths.output_dir = cfg.hydra.runtime.output_dir = str(tmp_path / "eval")
-    HydraConfig().set_config(cfg)
-    again = run(cfg)["metrics"]
+    again = run(make_cfg("train=false", f"ckpt_path={first['best_model_path']}", out="eval"))["metrics"]
     assert again["test/acc"] == pytest.approx(first["metrics"]["test/acc"])
     with pytest.raises(FileNotFoundError, match="ckpt_path"):
         run(make_cfg("train=false", "ckpt_path=/nonexistent/x.ckpt"))
@@ -112,6 +104,7 @@ def test_evaluate_only_from_checkpoint(make_cfg, tmp_path):
 
 def test_plain_ddp_inside_local_multirun_is_refused(make_cfg):
     cfg = make_cfg("trainer=ddp_sim", "trainer.strategy=ddp")
+    OmegaConf.set_readonly(cfg.hydra, False)
     with open_dict(cfg):
         cfg.hydra.mode = "MULTIRUN"
     HydraConfig().set_config(cfg)
@@ -141,15 +134,17 @@ def test_two_job_multirun_writes_two_run_dirs(tmp_path, cache_dir):
 
 
 def test_wandb_without_api_key_logs_offline(tmp_path, cache_dir):
-    env = {"WANDB_MODE": "", "WANDB_API_KEY": "", "HOME": str(tmp_path), "WANDB_DIR": str(tmp_path / "wandbdir")}
+    env = {"WANDB_MODE": "", "WANDB_API_KEY": "", "HOME": str(tmp_path)}  # no key, no ~/.netrc
     proc = _train_py("logger=wandb", *FAST_CLI, f"paths.log_dir={tmp_path}/logs", f"paths.cache_dir={cache_dir}",
                      tmp_path=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "offline" in proc.stderr + proc.stdout
-    summaries = list((tmp_path / "logs").rglob("wandb-summary.json"))
-    assert summaries, "no offline W&B run was written"
-    keys = set(json.loads(summaries[0].read_text()))
-    assert {"train/loss_epoch", "val/acc", "val/f1", "test/acc"} <= keys, keys
+    runs = list((tmp_path / "logs").rglob("offline-run-*/*.wandb"))
+    assert len(runs) == 1, "no offline W&B run was written"
+    # wandb 0.31 keeps no readable summary offline: the keys are plain strings in its protobuf records
+    blob = runs[0].read_bytes()
+    for key in ("train/loss_epoch", "val/acc", "val/f1", "test/acc", "val/ident/null_dim", "model/params_total"):
+        assert key.encode() in blob, key
 
 
 @pytest.mark.slow

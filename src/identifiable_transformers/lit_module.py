@@ -8,9 +8,11 @@ without Hydra.
 from __future__ import annotations
 
 import math
+import random
 from functools import cached_property
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torchmetrics import MaxMetric, MetricCollection
@@ -19,6 +21,17 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 from .models import TransformerClassifier
 
 SCHEDULERS = ("constant", "linear", "cosine")
+
+
+# numpy's RNG state as tensors and ints, so checkpoints stay loadable with torch.load(weights_only=True).
+def _numpy_state_to_tensors(state: tuple) -> tuple:
+    name, keys, pos, has_gauss, cached = state
+    return name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)
+
+
+def _numpy_state_from_tensors(state: tuple) -> tuple:
+    name, keys, pos, has_gauss, cached = state
+    return name, keys.numpy().astype(np.uint32), pos, has_gauss, cached
 STAGES = ("train", "val", "test")
 
 
@@ -59,7 +72,8 @@ class TextClassifier(pl.LightningModule):
             raise ValueError(f"scheduler={scheduler!r} is unknown; use one of {list(SCHEDULERS)}")
         if label_names is not None and len(label_names) != num_classes:
             raise ValueError(f"label_names has {len(label_names)} names but num_classes={num_classes}")
-        self.save_hyperparameters()
+        # logger=False: the training app logs the resolved config itself (without the tokenizer blob).
+        self.save_hyperparameters(logger=False)
         self.model = TransformerClassifier(
             vocab_size, num_classes, embed_dim=embed_dim, num_heads=num_heads, key_dim=key_dim, value_dim=value_dim,
             head_combine=head_combine, num_layers=num_layers, ffn_dim=ffn_dim, dropout=dropout, max_len=max_len,
@@ -122,6 +136,25 @@ class TextClassifier(pl.LightningModule):
     def on_validation_epoch_end(self):
         self.val_acc_best(self.val_metrics["acc"].compute())
         self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True, prog_bar=True)
+
+    # Lightning does not checkpoint the random state: without it a resumed run draws other dropout masks.
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rng_states"] = {
+            "torch": torch.get_rng_state(),
+            "numpy": _numpy_state_to_tensors(np.random.get_state()),
+            "python": random.getstate(),
+            **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        states = checkpoint.get("rng_states")
+        if not states:
+            return
+        torch.set_rng_state(states["torch"])
+        np.random.set_state(_numpy_state_from_tensors(states["numpy"]))
+        random.setstate(states["python"])
+        if "cuda" in states and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(states["cuda"])
 
     def configure_optimizers(self):
         hp = self.hparams

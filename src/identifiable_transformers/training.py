@@ -138,15 +138,16 @@ def run(cfg: DictConfig) -> dict:
     if cfg.get("ckpt_path") and not Path(cfg.ckpt_path).is_file():
         raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path} does not exist: pass the path of a .ckpt file")
     log.info("Model <%s>", cfg.model._target_)
-    model = hydra.utils.instantiate(
-        cfg.model,
+    # Built by hand, not hydra.utils.instantiate: data_cfg holds a _target_ that must stay a plain dict.
+    model_kwargs = OmegaConf.to_container(cfg.model, resolve=True)
+    model = hydra.utils.get_class(model_kwargs.pop("_target_"))(
+        **model_kwargs,
         vocab_size=datamodule.vocab_size,
         num_classes=datamodule.num_classes,
         pad_id=datamodule.pad_id,
         label_names=list(datamodule.label_names),
         tokenizer_json=datamodule.tokenizer.to_str(),
         data_cfg=OmegaConf.to_container(cfg.data, resolve=True),
-        _convert_="all",
     )
     loggers = build_loggers(cfg)
     callbacks = _instantiate_dict(cfg.get("callbacks"))
@@ -177,7 +178,7 @@ def run(cfg: DictConfig) -> dict:
                 test_ckpt = best or None
             else:
                 test_ckpt = cfg.get("ckpt_path")
-            trainer.test(model, datamodule=datamodule, ckpt_path=test_ckpt, weights_only=False)
+            trainer.test(model, datamodule=datamodule, ckpt_path=test_ckpt)
             test_metrics = _scalars(trainer.callback_metrics)
 
         metrics = {**fit_metrics, **test_metrics}

@@ -110,7 +110,7 @@ def test_callback_logs_keys_and_writes_plots(tmp_path, async_plots):
     assert "null_dim_vs_length.png" in pngs
     assert len([p for p in pngs if p.startswith("attention_val")]) == 2
     assert all((epoch_dir / p).stat().st_size > 1000 for p in pngs)
-    assert json.loads((epoch_dir / "metrics.json").read_text())["val/ident/null_dim"] == pytest.approx(expected)
+    assert json.loads((epoch_dir / "ident_metrics.json").read_text())["val/ident/null_dim"] == pytest.approx(expected)
 
 
 def test_callback_skips_epochs_and_needs_a_datamodule(tmp_path):

@@ -62,27 +62,41 @@ def _file_fingerprint(p: str | None) -> Any:
         return [str(q), None, None]
 
 
-class LengthBucketSampler(Sampler[int]):
-    """Shuffled indices arranged so that consecutive ``batch_size`` chunks have similar
-    lengths: shuffle, cut into pools of ``batch_size * pool_batches``, sort each pool by
-    length, cut into batches, shuffle the batch order. Reseeded per epoch (``set_epoch``)."""
+class EpochShuffleSampler(Sampler[int]):
+    """A permutation drawn from (seed, epoch) alone, so a run resumed at epoch k replays epoch k's
+    order exactly. Lightning calls ``set_epoch`` before every epoch."""
 
-    def __init__(self, lengths: np.ndarray, batch_size: int, seed: int = 0, pool_batches: int = 50):
-        self.lengths = np.asarray(lengths)
-        self.batch_size = int(batch_size)
-        self.seed = int(seed)
-        self.pool = self.batch_size * int(pool_batches)
-        self.epoch = 0
+    def __init__(self, num_samples: int, seed: int = 0):
+        self.num_samples, self.seed, self.epoch = int(num_samples), int(seed), 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
     def __len__(self) -> int:
-        return len(self.lengths)
+        return self.num_samples
+
+    def _rng(self) -> np.random.Generator:
+        rng = np.random.default_rng(self.seed + self.epoch)
+        self.epoch += 1  # without set_epoch, consecutive iterations still differ
+        return rng
 
     def __iter__(self) -> Iterator[int]:
-        rng = np.random.default_rng(self.seed + self.epoch)
-        self.epoch += 1
+        yield from (int(i) for i in self._rng().permutation(self.num_samples))
+
+
+class LengthBucketSampler(EpochShuffleSampler):
+    """Shuffled indices arranged so that consecutive ``batch_size`` chunks have similar
+    lengths: shuffle, cut into pools of ``batch_size * pool_batches``, sort each pool by
+    length, cut into batches, shuffle the batch order. Reseeded per epoch (``set_epoch``)."""
+
+    def __init__(self, lengths: np.ndarray, batch_size: int, seed: int = 0, pool_batches: int = 50):
+        super().__init__(len(lengths), seed)
+        self.lengths = np.asarray(lengths)
+        self.batch_size = int(batch_size)
+        self.pool = self.batch_size * int(pool_batches)
+
+    def __iter__(self) -> Iterator[int]:
+        rng = self._rng()
         perm = rng.permutation(len(self.lengths))
         batches = []
         for s in range(0, len(perm), self.pool):
@@ -531,20 +545,19 @@ class TextDataModule(pl.LightningDataModule):
     def _loader(self, ds, batch_size: int, train: bool) -> DataLoader:
         kwargs: dict[str, Any] = dict(batch_size=batch_size, collate_fn=self.collate, num_workers=self.num_workers,
                                       pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0)
-        if train and self.length_bucketing:
-            if self._distributed():
+        if not train:
+            kwargs["shuffle"] = False
+        elif self._distributed():
+            # Lightning swaps in a DistributedSampler (seeded, set_epoch) to shard a shuffled loader.
+            if self.length_bucketing:
                 warnings.warn("length_bucketing is disabled under distributed training (plain shuffling is used) "
                               "so that Lightning's DistributedSampler shards the data.", stacklevel=2)
-                kwargs["shuffle"] = True
-            else:
-                lengths = __import__("pyarrow.compute", fromlist=["x"]).list_value_length(ds.data.column("input_ids")).to_numpy()
-                kwargs["sampler"] = LengthBucketSampler(lengths, batch_size, seed=self.shuffle_seed)
+            kwargs["shuffle"] = True
+        elif self.length_bucketing:
+            lengths = __import__("pyarrow.compute", fromlist=["x"]).list_value_length(ds.data.column("input_ids")).to_numpy()
+            kwargs["sampler"] = LengthBucketSampler(lengths, batch_size, seed=self.shuffle_seed)
         else:
-            kwargs["shuffle"] = train
-        if train:
-            g = torch.Generator()
-            g.manual_seed(self.shuffle_seed)
-            kwargs["generator"] = g
+            kwargs["sampler"] = EpochShuffleSampler(len(ds), seed=self.shuffle_seed)
         return DataLoader(ds, **kwargs)
 
     def train_dataloader(self) -> DataLoader:

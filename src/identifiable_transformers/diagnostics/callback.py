@@ -219,7 +219,7 @@ class IdentifiabilityCallback(pl.Callback):
         self.last_report, self.last_metrics = report, metrics
         out = self._out_dir(trainer) / f"epoch_{trainer.current_epoch:03d}"
         out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        (out / "ident_metrics.json").write_text(json.dumps(metrics, indent=1))
         if self.plots:
             self._plot(trainer, pl_module, report, probe, out)
 

@@ -13,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
 from identifiable_transformers.lit_module import TextClassifier
-from identifiable_transformers.training import check_strategy, run
+from identifiable_transformers.training import build_loggers, check_strategy, run
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -154,3 +154,9 @@ def test_ddp_sim_two_cpu_processes(tmp_path, cache_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads(next((tmp_path / "logs").rglob("metrics.json")).read_text())
     assert "test/acc" in metrics["metrics"]
+
+
+@pytest.mark.parametrize("logger,cls", [("csv", "CSVLogger"), ("tensorboard", "TensorBoardLogger"), ("none", None)])
+def test_logger_configs_instantiate(make_cfg, logger, cls):
+    loggers = build_loggers(make_cfg(f"logger={logger}"))
+    assert [type(lg).__name__ for lg in loggers] == ([cls] if cls else [])

@@ -42,7 +42,7 @@ def load_runs(sweep_dir: Path) -> pd.DataFrame:
             "head_combine": combine,
             "embed_dim": d,
             "num_heads": h,
-            # resolve the null defaults as the model does (PAPER.md section 3)
+            # resolve the null defaults as the model does (docs/identifiability.md section 3)
             "key_dim": model["key_dim"] or d // h,
             "value_dim": model["value_dim"] or (d // h if combine == "concat" else d),
             "best_epoch": result.get("best_epoch"),

@@ -1,4 +1,4 @@
-"""Known answers for the identifiability maths (PAPER.md section 2).
+"""Known answers for the identifiability maths (docs/identifiability.md section 2).
 
 References are independent of the code under test: closed-form generic ranks (n - d_v,
 n - d_v - 1), the pseudo-inverse projector I - T T^+, numpy's SVD, torch's Categorical entropy,
@@ -217,7 +217,7 @@ def test_training_mode_restored_and_bad_masks_rejected():
 
 @pytest.mark.parametrize("dk,expected", [(1, 0), (2, 0), (3, 20), (4, 44), (8, 120)])
 def test_key_aware_alternative_dims_match_paper_check(dk, expected):
-    # PAPER.md 2.5: n = 16, d_v = 4; alternatives the head can generate shrink with the key size.
+    # docs/identifiability.md 2.5: n = 16, d_v = 4; alternatives the head can generate shrink with the key size.
     g = torch.Generator().manual_seed(dk)
     n, dv = 16, 4
     Q, K, V = (torch.randn(n, k, generator=g, dtype=torch.float64) for k in (dk, dk, dv))

@@ -1,4 +1,4 @@
-"""Identifiability diagnostics of attention (PAPER.md section 2).
+"""Identifiability diagnostics of attention (docs/identifiability.md section 2).
 
 The maths lives in ``identifiability`` (pure torch). ``plots`` (matplotlib), ``callback``
 (Lightning) and ``report_html`` are imported lazily so that ``import

@@ -1,4 +1,4 @@
-"""Per-epoch identifiability diagnostics on a fixed probe set (PAPER.md section 2).
+"""Per-epoch identifiability diagnostics on a fixed probe set (docs/identifiability.md section 2).
 
 At the end of every ``every_n_epochs``-th validation epoch (never during the sanity check) the
 callback runs ``attention_identifiability`` on a fixed, seeded probe set drawn from the

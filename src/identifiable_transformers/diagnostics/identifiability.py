@@ -1,4 +1,4 @@
-"""Identifiability of attention weights: the linear algebra of PAPER.md section 2.
+"""Identifiability of attention weights: the linear algebra of docs/identifiability.md section 2.
 
 Everything here is pure tensor maths (no Lightning, no plotting). The central object, per
 example b, layer l and head h, is the head's *value-output matrix* on the example's real tokens
@@ -8,7 +8,7 @@ example b, layer l and head h, is the head's *value-output matrix* on the exampl
 so that the head contributes ``A @ T`` to the layer's attention output (A = attention, n x n).
 Any A' with A' T = A T "explains" the output equally well (Brunner et al., ICLR 2020).
 
-Numerics (PAPER.md section 2, "Numerics"): SVDs run in float64 on the real tokens only -- T is
+Numerics (docs/identifiability.md section 2, "Numerics"): SVDs run in float64 on the real tokens only -- T is
 never padded, because pad rows would inflate the null space -- and ranks use the relative
 tolerance ``sigma_max * max(n, d) * eps`` of ``torch.linalg.matrix_rank``; the tolerance used is
 returned with every result.
@@ -99,13 +99,13 @@ def _with_ones_column(T: Tensor, smax: Tensor) -> Tensor:
 
 
 def null_dim(T: Tensor) -> Tensor:
-    """Brunner's null-space dimension n - rank(T) (PAPER.md 2.1) for T [..., n, d]."""
+    """Brunner's null-space dimension n - rank(T) (docs/identifiability.md 2.1) for T [..., n, d]."""
     rank, _ = matrix_rank(T)
     return T.shape[-2] - rank
 
 
 def stochastic_null_dim(T: Tensor) -> Tensor:
-    """n - rank([T, 1]) (PAPER.md 2.2): null directions that also keep rows summing to one."""
+    """n - rank([T, 1]) (docs/identifiability.md 2.2): null directions that also keep rows summing to one."""
     T = T.to(_F64)
     smax = torch.linalg.svdvals(T)[..., 0]
     rank, _ = matrix_rank(_with_ones_column(T, smax))
@@ -113,7 +113,7 @@ def stochastic_null_dim(T: Tensor) -> Tensor:
 
 
 # ----------------------------------------------------------------------------------------------
-# Effective attention and the witness alternative (PAPER.md 2.3, 2.4)
+# Effective attention and the witness alternative (docs/identifiability.md 2.3, 2.4)
 # ----------------------------------------------------------------------------------------------
 def _left_null_projector(M: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Orthonormal left-null basis of M [..., n, c] (zero columns outside the null space).
@@ -132,7 +132,7 @@ def _left_null_projector(M: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Ten
 
 
 def effective_attention(A: Tensor, T: Tensor) -> Tensor:
-    """Brunner's effective attention A_eff = A - A N N^T (PAPER.md 2.4) on real tokens.
+    """Brunner's effective attention A_eff = A - A N N^T (docs/identifiability.md 2.4) on real tokens.
 
     A [..., n, n], T [..., n, d]; N is an orthonormal basis of the left null space of T. A_eff T
     equals A T but A_eff is generally not a distribution.
@@ -180,7 +180,7 @@ def _witness_search(A: Tensor, Z: Tensor, P: Tensor, null_mask: Tensor) -> tuple
 
 
 def alternative_attention(A: Tensor, T: Tensor) -> tuple[Tensor, Tensor]:
-    """A witness alternative (PAPER.md 2.3): A' >= 0, rows summing like A's, A' T = A T.
+    """A witness alternative (docs/identifiability.md 2.3): A' >= 0, rows summing like A's, A' T = A T.
 
     A [..., n, n] (real tokens), T [..., n, d]. Returns (A_alt, tv_rows [..., n]) where tv_rows is
     the total-variation distance between each row of A and of A'. For heads whose
@@ -204,7 +204,7 @@ def _row_entropy(A: Tensor) -> Tensor:
 
 
 def analyse_heads(A: Tensor, T: Tensor, *, return_maps: bool = False) -> dict[str, Tensor]:
-    """Every per-head quantity of PAPER.md section 2 for A [..., n, n] and T [..., n, d].
+    """Every per-head quantity of docs/identifiability.md section 2 for A [..., n, n] and T [..., n, d].
 
     All leading dimensions are batch dimensions (one SVD call each for T and [T, 1]). Inputs are
     the real-token blocks: no padding. Returns tensors of shape [...] (plus the maps if asked).
@@ -246,7 +246,7 @@ def analyse_heads(A: Tensor, T: Tensor, *, return_maps: bool = False) -> dict[st
         A_alt = torch.cat(alts).reshape(*flat, n, n)
         tv_rows = torch.cat(tvs).reshape(*flat, n)
     stoch_null = n - rank_s
-    # PAPER.md 2.3: exactly zero for identifiable heads (no search noise can leak in).
+    # docs/identifiability.md 2.3: exactly zero for identifiable heads (no search noise can leak in).
     tv_rows = torch.where((stoch_null > 0).unsqueeze(-1), tv_rows, torch.zeros_like(tv_rows))
     AT = A @ T
     witness_rel_error = ((A_alt - A) @ T).norm(dim=(-2, -1)) / AT.norm(dim=(-2, -1)).clamp_min(1e-300)
@@ -273,7 +273,7 @@ def analyse_heads(A: Tensor, T: Tensor, *, return_maps: bool = False) -> dict[st
 
 
 def _joint_null_dims(T: Tensor) -> tuple[Tensor, Tensor]:
-    """Layer-level (all heads at once) null dims for T [..., H, n, d] (PAPER.md section 3 caveat).
+    """Layer-level (all heads at once) null dims for T [..., H, n, d] (docs/identifiability.md section 3 caveat).
 
     From the layer's summed output sum_h A_h T_h the heads' maps are jointly identifiable only if
     the stacked (H n x d) matrix has full row rank: joint_null_dim = H n - rank(stack_h T_h).
@@ -298,7 +298,7 @@ def _joint_null_dims(T: Tensor) -> tuple[Tensor, Tensor]:
 def value_output_matrices(internals: Sequence[Any]) -> tuple[Tensor, Tensor]:
     """Stack (attention [B, L, H, T, T], value-output T [B, L, H, T, d]) in float64 on CPU.
 
-    T for layer l, head h is values[:, h] @ out_proj[h] (PAPER.md 2: T = V W_o^h).
+    T for layer l, head h is values[:, h] @ out_proj[h] (docs/identifiability.md 2: T = V W_o^h).
     """
     atts, ts = [], []
     for layer in internals:
@@ -390,7 +390,7 @@ def attention_identifiability(
     *,
     return_maps: bool = False,
 ) -> dict[str, Any]:
-    """Identifiability report for a batch (PAPER.md section 2), per example, layer and head.
+    """Identifiability report for a batch (docs/identifiability.md section 2), per example, layer and head.
 
     Runs ``model.attention_internals`` in eval mode without gradients (the previous training
     mode is restored). ``attention_mask`` [B, T] marks real tokens (a prefix of each row); the
@@ -419,10 +419,10 @@ def identifiable_length(
 ) -> dict[str, int]:
     """Longest input length n for which a generic head / layer is identifiable.
 
-    rank(T) <= r = min(d_v, d), so a head has null_dim = 0 up to n = r (PAPER.md 2.1) and
+    rank(T) <= r = min(d_v, d), so a head has null_dim = 0 up to n = r (docs/identifiability.md 2.1) and
     stochastic_null_dim = 0 up to n = r + 1 (2.2). Defaults: d_v = d / h for "concat", d for "add".
     From the layer's output the H heads are only jointly identifiable while H n <= rank of the
-    stacked T's, at most min(H d_v, d) (PAPER.md section 3 caveat): ``joint`` and, with the
+    stacked T's, at most min(H d_v, d) (docs/identifiability.md section 3 caveat): ``joint`` and, with the
     row-sum constraints, ``joint_stochastic``.
     """
     if head_combine not in ("concat", "add"):
@@ -448,7 +448,7 @@ def model_identifiable_length(model: torch.nn.Module) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------------------------
-# PAPER.md 2.5: alternatives the head itself could generate (key-aware, local check)
+# docs/identifiability.md 2.5: alternatives the head itself could generate (key-aware, local check)
 # ----------------------------------------------------------------------------------------------
 def generatable_alternative_dim(Q: Tensor, K: Tensor, T: Tensor, scale: float | None = None) -> dict[str, int]:
     """Dimension of the alternatives to A = softmax(Q K^T * scale) the head can itself produce.

@@ -1,9 +1,9 @@
 """Figures for the identifiability diagnostics (matplotlib, Agg, no pyplot global state).
 
 - ``plot_null_dim_vs_length``: measured null dims against input length, with the generic
-  theoretical lines max(0, n - d/h) (concat) and max(0, n - d) (add), PAPER.md 2.1-2.2.
+  theoretical lines max(0, n - d/h) (concat) and max(0, n - d) (add), docs/identifiability.md 2.1-2.2.
 - ``plot_attention_maps``: per layer and head, the raw map, Brunner's effective attention and
-  the witness alternative side by side (PAPER.md 2.3-2.4), with token labels.
+  the witness alternative side by side (docs/identifiability.md 2.3-2.4), with token labels.
 
 Figures are built with ``matplotlib.figure.Figure`` directly (Agg canvas), so they work in
 headless training jobs and never touch a GUI backend.

@@ -60,7 +60,7 @@ def build_report(
 ) -> Path:
     """Write ``report.html`` (images embedded), ``example{i}.png`` and ``report.json``; return the HTML path.
 
-    ``tokens[i]`` are example i's real-token strings; ``key_aware`` adds the PAPER.md 2.5 count of
+    ``tokens[i]`` are example i's real-token strings; ``key_aware`` adds the docs/identifiability.md 2.5 count of
     alternatives the head itself could generate (dense Jacobians: slow beyond ~40 tokens).
     """
     from .plots import figure_to_png, plot_attention_maps
@@ -86,7 +86,7 @@ def build_report(
                                      f"{html.escape(str(v))}</td></tr>" for k, v in cfg.items()) + "</table>")
     parts.append(
         "<p>A head's map A is <b>identifiable</b> when no other attention map gives the same head output A·T, "
-        "T = V W<sub>o</sub><sup>h</sup> on the example's real tokens (PAPER.md §2). "
+        "T = V W<sub>o</sub><sup>h</sup> on the example's real tokens (docs/identifiability.md §2). "
         f"For this model a head is identifiable up to <b>n = {bounds['head']}</b> tokens "
         f"(<b>{bounds['head_stochastic']}</b> among row-stochastic maps); from the layer's summed output the "
         f"{model.num_heads} heads are jointly identifiable only up to n = {bounds['joint']} "

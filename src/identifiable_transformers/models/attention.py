@@ -1,6 +1,6 @@
 """Multi-head self-attention with a key size decoupled from the value size.
 
-Two ways to combine heads (PAPER.md section 3):
+Two ways to combine heads (docs/identifiability.md section 3):
 
 - ``concat``: the standard layer. Each head has ``value_dim = embed_dim // num_heads``; head
   outputs are concatenated and projected. rank(A_h V_h W_o^h) <= d/h, so a head is identifiable
@@ -26,7 +26,7 @@ HEAD_COMBINES = ("concat", "add")
 
 @dataclass
 class AttentionInternals:
-    """What the identifiability diagnostics need from one attention layer (PAPER.md section 2).
+    """What the identifiability diagnostics need from one attention layer (docs/identifiability.md section 2).
 
     Head h contributes ``attention[:, h] @ values[:, h] @ out_proj[h]`` to the layer's attention
     output (before the output bias), so ``T_h = values[:, h] @ out_proj[h]``.

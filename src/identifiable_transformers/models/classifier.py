@@ -1,6 +1,6 @@
 """Transformer encoder text classifier: embeddings -> encoder layers -> pooling -> linear head.
 
-Defaults follow the reference code (PAPER.md section 3): one post-norm layer, ReLU feed-forward of
+Defaults follow the reference code (docs/identifiability.md section 3): one post-norm layer, ReLU feed-forward of
 width 256, dropout 0.1, ``<cls>`` pooling. ``head_combine="add"`` with a small ``key_dim`` is the
 paper's identifiable encoder.
 """

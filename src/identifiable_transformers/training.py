@@ -192,7 +192,7 @@ def run(cfg: DictConfig) -> dict:
             "params": params,
             "config": {
                 "data": cfg.data.get("name"), "seed": cfg.get("seed"),
-                "model": {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k != "_target_"},
+                "model": model_kwargs,
             },
         }
         if trainer.is_global_zero:

@@ -75,8 +75,8 @@ class TinyModule(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
 
-def _trainer(tmp_path, cb, **kw):
-    return pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, default_root_dir=tmp_path, callbacks=[cb],
+def _trainer(tmp_path, cb, max_epochs=1, **kw):
+    return pl.Trainer(max_epochs=max_epochs, accelerator="cpu", devices=1, default_root_dir=tmp_path, callbacks=[cb],
                       logger=CSVLogger(tmp_path, name="csv"), enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=1, **kw)
 
@@ -157,3 +157,13 @@ def test_rendered_figures_go_to_wandb_loggers_only():
     IdentifiabilityCallback._log_wandb(trainer, rendered)
     assert wb.calls == [("val/ident/null_dim_vs_length", ["a.png"], 7, None),
                         ("val/ident/attention", ["b.png", "c.png"], 7, ["b", "c"])]
+
+
+def test_figures_on_every_nth_and_the_last_epoch_metrics_every_epoch(tmp_path):
+    cb = IdentifiabilityCallback(probe_size=6, num_plot_examples=1, plot_every_n_epochs=2, async_plots=False)
+    trainer = _trainer(tmp_path, cb, max_epochs=3)
+    trainer.fit(TinyModule(), datamodule=TinyData())
+    epochs = [tmp_path / "identifiability" / f"epoch_{e:03d}" for e in range(3)]
+    assert [len(list(d.glob("attention_val*.png"))) for d in epochs] == [0, 1, 1]
+    assert [(d / "null_dim_vs_length.png").is_file() for d in epochs] == [False, True, True]
+    assert all((d / "ident_metrics.json").is_file() for d in epochs)

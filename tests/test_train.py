@@ -147,7 +147,6 @@ def test_wandb_without_api_key_logs_offline(tmp_path, cache_dir):
         assert key.encode() in blob, key
 
 
-@pytest.mark.slow
 def test_ddp_sim_two_cpu_processes(tmp_path, cache_dir):
     proc = _train_py("trainer=ddp_sim", "logger=csv", *[a for a in FAST_CLI if not a.startswith("trainer=")],
                      f"paths.log_dir={tmp_path}/logs", f"paths.cache_dir={cache_dir}", tmp_path=tmp_path)
@@ -160,3 +159,11 @@ def test_ddp_sim_two_cpu_processes(tmp_path, cache_dir):
 def test_logger_configs_instantiate(make_cfg, logger, cls):
     loggers = build_loggers(make_cfg(f"logger={logger}"))
     assert [type(lg).__name__ for lg in loggers] == ([cls] if cls else [])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["identifiable", "baseline"])
+def test_default_run_reaches_the_accuracy_target(make_cfg, model):
+    """The full offline default (10 epochs, about a minute on 2 cores) clears 70% test accuracy."""
+    result = run(make_cfg(f"model={model}", "trainer=cpu", "logger=none", "trainer.enable_progress_bar=false", fast=False))
+    assert result["metrics"]["test/acc"] >= 0.70, result["metrics"]

@@ -7,6 +7,7 @@ without Hydra.
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 from functools import cached_property
@@ -32,7 +33,7 @@ def _numpy_state_to_tensors(state: tuple) -> tuple:
 def _numpy_state_from_tensors(state: tuple) -> tuple:
     name, keys, pos, has_gauss, cached = state
     return name, keys.numpy().astype(np.uint32), pos, has_gauss, cached
-STAGES = ("train", "val", "test")
+_MODEL_ARGS = set(inspect.signature(TransformerClassifier).parameters)
 
 
 class TextClassifier(pl.LightningModule):
@@ -74,11 +75,7 @@ class TextClassifier(pl.LightningModule):
             raise ValueError(f"label_names has {len(label_names)} names but num_classes={num_classes}")
         # logger=False: the training app logs the resolved config itself (without the tokenizer blob).
         self.save_hyperparameters(logger=False)
-        self.model = TransformerClassifier(
-            vocab_size, num_classes, embed_dim=embed_dim, num_heads=num_heads, key_dim=key_dim, value_dim=value_dim,
-            head_combine=head_combine, num_layers=num_layers, ffn_dim=ffn_dim, dropout=dropout, max_len=max_len,
-            positional=positional, pooling=pooling, pad_id=pad_id, activation=activation, norm_first=norm_first,
-        )
+        self.model = TransformerClassifier(**{k: v for k, v in self.hparams.items() if k in _MODEL_ARGS})
         # Paper-style accuracy is micro-averaged; torchmetrics' default would average per class.
         metrics = MetricCollection({
             "acc": MulticlassAccuracy(num_classes, average="micro"),

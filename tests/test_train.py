@@ -47,10 +47,24 @@ def test_every_trainer_config_composes(make_cfg, trainer):
 
 @pytest.mark.parametrize("extra", [["experiment=reference"], ["debug=fdr"], ["debug=limit"], ["debug=overfit"],
                                    ["hparams_search=optuna"], ["callbacks=[default,early_stopping]"],
-                                   ["logger=csv"], ["logger=tensorboard"], ["logger=wandb"]])
+                                   ["logger=csv"], ["logger=tensorboard"], ["logger=wandb"],
+                                   ["hydra/launcher=joblib_local"], ["hydra/launcher=slurm", "trainer=slurm"],
+                                   ["+sweep=smoke"], ["+sweep=key_size_offline"], ["+sweep=key_size_hub"]])
 def test_presets_compose(make_cfg, extra):
     cfg = make_cfg(*extra, fast=False)
     assert cfg.model._target_.endswith("TextClassifier")
+
+
+def test_slurm_launcher_starts_one_task_per_device(make_cfg):
+    cfg = make_cfg("hydra/launcher=slurm", "trainer=slurm", "trainer.devices=8", fast=False)
+    launcher = cfg.hydra.launcher
+    assert "SlurmLauncher" in launcher._target_
+    assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node) == (2, 8, 8)
+
+
+def test_sweep_preset_sets_the_study_grid(make_cfg):
+    params = make_cfg("+sweep=key_size_offline", fast=False).hydra.sweeper.params
+    assert params["model"] == "baseline,identifiable" and params["model.key_dim"] == "1,2,4,8,16,32,64"
 
 
 def test_fast_dev_run_end_to_end(make_cfg, tmp_path):

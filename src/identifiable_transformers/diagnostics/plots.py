@@ -135,7 +135,7 @@ def plot_attention_maps(
     fig = Figure(figsize=(3 * side + 1.2, rows * side + 1.4))
     # Fixed margins (tight_layout would cost a full extra draw); the last grid row holds the bars.
     fig.subplots_adjust(left=0.09, right=0.98, bottom=0.05 if n > 16 else 0.03,
-                        top=1 - 0.45 / (rows * side + 1.4), wspace=0.15, hspace=0.22)
+                        top=1 - 0.8 / (rows * side + 1.4), wspace=0.15, hspace=0.22)
     gs = fig.add_gridspec(rows + 1, 3, height_ratios=[1.0] * rows + [0.04 * rows + 0.02])
     axes = np.array([[fig.add_subplot(gs[r, c]) for c in range(3)] for r in range(rows)])
     caxes = [fig.add_subplot(gs[rows, c]) for c in range(3)]

@@ -22,6 +22,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 from .models import TransformerClassifier
 
 SCHEDULERS = ("constant", "linear", "cosine")
+_MODEL_ARGS = set(inspect.signature(TransformerClassifier).parameters)
 
 
 # numpy's RNG state as tensors and ints, so checkpoints stay loadable with torch.load(weights_only=True).
@@ -33,7 +34,6 @@ def _numpy_state_to_tensors(state: tuple) -> tuple:
 def _numpy_state_from_tensors(state: tuple) -> tuple:
     name, keys, pos, has_gauss, cached = state
     return name, keys.numpy().astype(np.uint32), pos, has_gauss, cached
-_MODEL_ARGS = set(inspect.signature(TransformerClassifier).parameters)
 
 
 class TextClassifier(pl.LightningModule):

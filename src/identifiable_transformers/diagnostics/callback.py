@@ -105,9 +105,10 @@ class IdentifiabilityCallback(pl.Callback):
         plot_every_n_epochs: draw the figures on every n-th diagnosed epoch and the last one (the
             metrics are logged every time). Drawing is most of the callback's cost: on 2 CPU cores
             a heatmap figure takes about 0.5 s, next to an epoch of about 5 s on the default run.
-        async_plots: draw the figures in a background thread so training continues meanwhile
-            (drawing, ~0.6 s CPU per heatmap figure, is most of the callback's cost); finished
-            figures go to W&B at the next epoch end and all are flushed at the end of fit.
+        async_plots: draw the figures in a background thread so training continues meanwhile;
+            None (default) = only when the model trains on an accelerator. On a CPU-only machine
+            the thread competes with training for the same cores and makes the epoch slower.
+            Finished figures go to W&B at the next epoch end and all are flushed at the end of fit.
     """
 
     def __init__(
@@ -120,7 +121,7 @@ class IdentifiabilityCallback(pl.Callback):
         output_dir: str | None = None,
         plots: bool = True,
         plot_every_n_epochs: int = 5,
-        async_plots: bool = True,
+        async_plots: bool | None = None,
     ) -> None:
         super().__init__()
         if probe_size < 1:
@@ -265,7 +266,8 @@ class IdentifiabilityCallback(pl.Callback):
                 **{k: report[k][pos].numpy() for k in ("alt_attention_tv", "witness_rel_error", "null_dim",
                                                        "stochastic_null_dim")},
             })
-        if self.async_plots:
+        background = self.async_plots if self.async_plots is not None else pl_module.device.type != "cpu"
+        if background:
             self._flush(trainer, wait=False)
             if self._executor is None:
                 from concurrent.futures import ThreadPoolExecutor

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import socket
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from filelock import FileLock
 from hydra.core.hydra_config import HydraConfig
@@ -81,6 +84,18 @@ def check_strategy(cfg: DictConfig) -> None:
         "extra rank re-run the whole sweep. Use trainer.strategy=ddp_spawn, single-device jobs "
         "(hydra/launcher=joblib_local), or hydra/launcher=slurm."
     )
+
+
+@contextmanager
+def preserved_rng():
+    """Restore the torch, numpy and Python random states on exit."""
+    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
 
 
 def _instantiate_dict(node: DictConfig | None) -> list:
@@ -160,8 +175,9 @@ def run(cfg: DictConfig) -> dict:
 
     try:
         params = count_parameters(model)
-        for lg in loggers:
-            lg.log_hyperparams({"cfg": OmegaConf.to_container(cfg, resolve=True), **params})
+        with preserved_rng():  # starting a W&B run draws random numbers; results must not depend on the logger
+            for lg in loggers:
+                lg.log_hyperparams({"cfg": OmegaConf.to_container(cfg, resolve=True), **params})
         log.info("Parameters: %s", params)
 
         if cfg.get("train"):

@@ -37,7 +37,7 @@ from identifiable_transformers.data import TextDataModule
 from identifiable_transformers.diagnostics import attention_identifiability
 from identifiable_transformers.lit_module import TextClassifier
 
-PLOT_EVERY = 5  # the callback's default plot_every_n_epochs
+PLOT_EVERY = 10  # conf/callbacks/identifiability.yaml: plot_every_n_epochs
 MODEL = dict(embed_dim=64, num_heads=4, ffn_dim=256, dropout=0.1, max_len=512)  # conf/model/baseline.yaml
 CANDIDATES = {
     "baseline": dict(head_combine="concat", pad512=False),

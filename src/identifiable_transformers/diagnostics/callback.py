@@ -120,7 +120,7 @@ class IdentifiabilityCallback(pl.Callback):
         max_probe_length: int | None = None,
         output_dir: str | None = None,
         plots: bool = True,
-        plot_every_n_epochs: int = 5,
+        plot_every_n_epochs: int = 10,
         async_plots: bool | None = None,
     ) -> None:
         super().__init__()

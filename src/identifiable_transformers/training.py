@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import random
-import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,15 +20,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from .data.sources import host_reachable
+
 log = logging.getLogger(__name__)
-
-
-def _reachable(host: str, port: int = 443, timeout: float = 2.0) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def configure_wandb_mode() -> None:
@@ -39,7 +32,7 @@ def configure_wandb_mode() -> None:
     has_key = bool(os.environ.get("WANDB_API_KEY")) or _wandb_netrc_key()
     if not has_key:
         reason = "no W&B API key is configured"
-    elif not _reachable("api.wandb.ai"):
+    elif not host_reachable("api.wandb.ai"):
         reason = "api.wandb.ai is unreachable"
     else:
         return

@@ -229,16 +229,8 @@ def read_package(subset: str) -> RawSplit:
 
 
 # --------------------------------------------------------------------------- hub
-def hub_reachable(timeout: float = 2.0) -> bool:
-    """Quick TCP connect to the hub endpoint; DNS included in the time limit."""
-    try:
-        from huggingface_hub import constants
-
-        endpoint = constants.ENDPOINT
-    except Exception:  # pragma: no cover
-        endpoint = "https://huggingface.co"
-    u = urlparse(endpoint)
-    host, port = u.hostname or "huggingface.co", u.port or (443 if u.scheme == "https" else 80)
+def host_reachable(host: str, port: int = 443, timeout: float = 2.0) -> bool:
+    """Quick TCP connect; a thread bounds the whole probe, DNS included, by about ``timeout``."""
     result: list[bool] = []
 
     def probe() -> None:
@@ -252,6 +244,19 @@ def hub_reachable(timeout: float = 2.0) -> bool:
     t.start()
     t.join(timeout + 0.5)
     return bool(result and result[0])
+
+
+def hub_reachable(timeout: float = 2.0) -> bool:
+    """Quick TCP connect to the hub endpoint."""
+    try:
+        from huggingface_hub import constants
+
+        endpoint = constants.ENDPOINT
+    except Exception:  # pragma: no cover
+        endpoint = "https://huggingface.co"
+    u = urlparse(endpoint)
+    host, port = u.hostname or "huggingface.co", u.port or (443 if u.scheme == "https" else 80)
+    return host_reachable(host, port, timeout)
 
 
 def _offline_flag_set() -> bool:

@@ -5,42 +5,10 @@ The maths lives in ``identifiability`` (pure torch). ``plots`` (matplotlib), ``c
 identifiable_transformers.diagnostics`` stays light.
 """
 
-from .identifiability import (
-    HEAD_METRICS,
-    alternative_attention,
-    analyse_heads,
-    attention_identifiability,
-    attention_maps,
-    effective_attention,
-    generatable_alternative_dim,
-    identifiability_from_internals,
-    identifiable_length,
-    key_aware_alternative_dims,
-    matrix_rank,
-    model_identifiable_length,
-    null_dim,
-    stochastic_null_dim,
-    value_output_matrices,
-)
+from . import identifiability
+from .identifiability import *  # noqa: F403 - the maths is the package's public API
 
-__all__ = [
-    "HEAD_METRICS",
-    "IdentifiabilityCallback",
-    "alternative_attention",
-    "analyse_heads",
-    "attention_identifiability",
-    "attention_maps",
-    "effective_attention",
-    "generatable_alternative_dim",
-    "identifiability_from_internals",
-    "identifiable_length",
-    "key_aware_alternative_dims",
-    "matrix_rank",
-    "model_identifiable_length",
-    "null_dim",
-    "stochastic_null_dim",
-    "value_output_matrices",
-]
+__all__ = [*identifiability.__all__, "IdentifiabilityCallback"]
 
 
 def __getattr__(name):

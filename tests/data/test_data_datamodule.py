@@ -2,7 +2,14 @@ import numpy as np
 import pytest
 import torch
 
-from identifiable_transformers.data import CLS_ID, PAD_ID, LengthBucketSampler, TextDataModule, encode_texts
+from identifiable_transformers.data import (
+    CLS_ID,
+    PAD_ID,
+    EpochShuffleSampler,
+    LengthBucketSampler,
+    TextDataModule,
+    encode_texts,
+)
 from identifiable_transformers.data.tokenizer import load_tokenizer
 
 
@@ -131,17 +138,66 @@ def test_length_bucket_sampler_groups_lengths():
     assert list(s) != order  # reshuffled per epoch
 
 
-def test_length_bucketing_in_dataloader_and_disabled_under_ddp(local_dm, make_rows):
+def test_length_bucketing_in_dataloader_and_kept_under_ddp(local_dm, make_rows):
     d = local_dm(make_rows(30), length_bucketing=True)
     d.prepare_data(); d.setup("fit")
     dl = d.train_dataloader()
     assert isinstance(dl.sampler, LengthBucketSampler)
     assert sum(len(b["labels"]) for b in dl) == len(d.train_dataset)
 
-    d._distributed = lambda: True
-    with pytest.warns(UserWarning, match="length_bucketing is disabled"):
-        dl = d.train_dataloader()
-    assert not isinstance(dl.sampler, LengthBucketSampler)
+    d._shard = lambda: (1, 2)  # rank 1 of 2
+    dl = d.train_dataloader()
+    assert isinstance(dl.sampler, LengthBucketSampler) and (dl.sampler.rank, dl.sampler.world_size) == (1, 2)
+    assert sum(len(b["labels"]) for b in dl) == -(-len(d.train_dataset) // 2)
+    assert len(d.val_dataloader().sampler) == len(range(1, len(d.val_dataset), 2))
+
+
+def test_datamodule_refuses_a_trainer_that_would_shard_again(dm):
+    from types import SimpleNamespace
+
+    dm.trainer = SimpleNamespace(world_size=2, global_rank=0,
+                                 _accelerator_connector=SimpleNamespace(use_distributed_sampler=True))
+    with pytest.raises(ValueError, match="use_distributed_sampler=False"):
+        dm.train_dataloader()
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_sampler_shards_cover_the_data(shuffle, world):
+    n = 103
+    shards = [list(EpochShuffleSampler(n, seed=3, shuffle=shuffle, rank=r, world_size=world)) for r in range(world)]
+    assert all(len(s) == len(EpochShuffleSampler(n, 3, shuffle, r, world)) for r, s in enumerate(shards))
+    flat = [i for s in shards for i in s]
+    assert set(flat) == set(range(n))
+    if shuffle:  # every rank the same number of batches: the order wraps around (as DistributedSampler does)
+        assert {len(s) for s in shards} == {-(-n // world)} and len(flat) - n < world
+    else:  # evaluation: each example exactly once
+        assert sorted(flat) == list(range(n))
+
+
+@pytest.mark.parametrize("bucket", [False, True])
+@pytest.mark.parametrize("rank,world", [(0, 1), (1, 3)])
+def test_sampler_resume_at_continues_the_interrupted_epoch(bucket, rank, world):
+    lengths = np.random.default_rng(0).integers(1, 50, size=97)
+    make = lambda: (LengthBucketSampler(lengths, 8, seed=5, pool_batches=3, rank=rank, world_size=world)  # noqa: E731
+                    if bucket else EpochShuffleSampler(97, seed=5, rank=rank, world_size=world))
+    straight = make()
+    epochs = []
+    for e in range(3):
+        straight.set_epoch(e)
+        epochs.append(list(straight))
+    assert epochs[1] != epochs[2]
+    resumed = make()
+    resumed.resume_at(1, 16)  # two batches of 8 into epoch 1
+    assert list(resumed) == epochs[1][16:]  # Lightning's set_epoch(1) may come first or not at all
+    resumed.set_epoch(2)
+    assert list(resumed) == epochs[2]  # only the interrupted epoch is shortened
+    again = make()
+    again.resume_at(1, 16)
+    again.set_epoch(1)
+    assert list(again) == epochs[1][16:]
+    with pytest.raises(ValueError, match="cannot resume"):
+        make().resume_at(0, len(make()) + 1)
 
 
 def test_omegaconf_lists_accepted(tmp_path, make_rows, write_rows):
@@ -154,3 +210,15 @@ def test_omegaconf_lists_accepted(tmp_path, make_rows, write_rows):
                        label_names=cfg.label_names, cache_dir=str(tmp_path / "c"), vocab_size=100, min_frequency=1)
     d.prepare_data(); d.setup("fit")
     assert d.label_names == ["sports", "tech", "world"]
+
+
+def test_checkpointed_position_resumes_the_next_train_loader_once(dm):
+    full = EpochShuffleSampler(len(dm.train_dataset), seed=dm.shuffle_seed)
+    full.set_epoch(2)
+    order = list(full)
+    dm.load_state_dict({**dm.state_dict(), "train_position": {"epoch": 2, "samples": 8, "world_size": 1}})
+    assert list(dm.train_dataloader().sampler) == order[8:]
+    assert list(dm.train_dataloader().sampler) == list(EpochShuffleSampler(len(order), dm.shuffle_seed))  # once only
+    dm.load_state_dict({**dm.state_dict(), "train_position": {"epoch": 2, "samples": 8, "world_size": 2}})
+    with pytest.warns(UserWarning, match="restarts from its first batch"):
+        assert list(dm.train_dataloader().sampler) == order

@@ -63,48 +63,81 @@ def _file_fingerprint(p: str | None) -> Any:
 
 
 class EpochShuffleSampler(Sampler[int]):
-    """A permutation drawn from (seed, epoch) alone, so a run resumed at epoch k replays epoch k's
-    order exactly. Lightning calls ``set_epoch`` before every epoch."""
+    """This rank's share of an order drawn from ``(seed, epoch)`` alone.
 
-    def __init__(self, num_samples: int, seed: int = 0):
-        self.num_samples, self.seed, self.epoch = int(num_samples), int(seed), 0
+    The order depends on nothing else, so a resumed run replays the batches an uninterrupted run
+    would have seen: :meth:`resume_at` starts the next iteration part-way into an epoch. Under
+    distributed training each of ``world_size`` ranks takes every ``world_size``-th index of the
+    common order; with ``shuffle`` the order wraps around so that every rank gets the same number
+    of batches (as ``DistributedSampler`` does). Without ``shuffle`` (evaluation) the shards are
+    disjoint and cover the data exactly once. Lightning calls ``set_epoch`` before every epoch.
+    """
+
+    def __init__(self, num_samples: int, seed: int = 0, shuffle: bool = True, rank: int = 0, world_size: int = 1):
+        if not 0 <= int(rank) < int(world_size):
+            raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
+        self.num_samples, self.seed, self.shuffle = int(num_samples), int(seed), bool(shuffle)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.epoch = 0
+        self._resume: tuple[int, int] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    def __len__(self) -> int:
-        return self.num_samples
+    def resume_at(self, epoch: int, consumed: int) -> None:
+        """Make the next iteration epoch ``epoch``, skipping the ``consumed`` indices this rank had
+        already yielded in it. ``len()`` stays the full epoch's, as Lightning's loop expects."""
+        if not 0 <= int(consumed) <= len(self):
+            raise ValueError(f"cannot resume {consumed} samples into an epoch of {len(self)}")
+        self.epoch = int(epoch)
+        self._resume = (int(epoch), int(consumed))
 
-    def _rng(self) -> np.random.Generator:
-        rng = np.random.default_rng(self.seed + self.epoch)
-        self.epoch += 1  # without set_epoch, consecutive iterations still differ
-        return rng
+    def __len__(self) -> int:
+        if self.shuffle:
+            return -(-self.num_samples // self.world_size)
+        return len(range(self.rank, self.num_samples, self.world_size))
+
+    def _order(self, rng: np.random.Generator) -> np.ndarray:
+        return rng.permutation(self.num_samples)
 
     def __iter__(self) -> Iterator[int]:
-        yield from (int(i) for i in self._rng().permutation(self.num_samples))
+        if self.shuffle:
+            order = self._order(np.random.default_rng(self.seed + self.epoch))
+            if self.world_size > 1:
+                order = np.resize(order, len(self) * self.world_size)[self.rank :: self.world_size]
+        else:
+            order = np.arange(self.rank, self.num_samples, self.world_size)
+        skip = 0
+        if self._resume is not None:
+            epoch, consumed = self._resume
+            self._resume = None
+            skip = consumed if epoch == self.epoch else 0
+        self.epoch += 1  # without set_epoch, consecutive iterations still differ
+        return iter(order[skip:].tolist())
 
 
 class LengthBucketSampler(EpochShuffleSampler):
-    """Shuffled indices arranged so that consecutive ``batch_size`` chunks have similar
-    lengths: shuffle, cut into pools of ``batch_size * pool_batches``, sort each pool by
-    length, cut into batches, shuffle the batch order. Reseeded per epoch (``set_epoch``)."""
+    """An :class:`EpochShuffleSampler` whose order puts similar lengths in consecutive
+    ``batch_size`` chunks: shuffle, cut into pools of ``batch_size * pool_batches``, sort each pool
+    by length, cut into batches, shuffle the batch order."""
 
-    def __init__(self, lengths: np.ndarray, batch_size: int, seed: int = 0, pool_batches: int = 50):
-        super().__init__(len(lengths), seed)
+    def __init__(self, lengths: np.ndarray, batch_size: int, seed: int = 0, pool_batches: int = 50,
+                 rank: int = 0, world_size: int = 1):
+        super().__init__(len(lengths), seed, shuffle=True, rank=rank, world_size=world_size)
         self.lengths = np.asarray(lengths)
         self.batch_size = int(batch_size)
         self.pool = self.batch_size * int(pool_batches)
 
-    def __iter__(self) -> Iterator[int]:
-        rng = self._rng()
+    def _order(self, rng: np.random.Generator) -> np.ndarray:
         perm = rng.permutation(len(self.lengths))
         batches = []
         for s in range(0, len(perm), self.pool):
             pool = perm[s : s + self.pool]
             pool = pool[np.argsort(self.lengths[pool], kind="stable")]
             batches.extend(pool[i : i + self.batch_size] for i in range(0, len(pool), self.batch_size))
-        for j in rng.permutation(len(batches)):
-            yield from (int(i) for i in batches[j])
+        if not batches:
+            return perm
+        return np.concatenate([batches[j] for j in rng.permutation(len(batches))])
 
 
 class TextDataModule(pl.LightningDataModule):
@@ -217,6 +250,7 @@ class TextDataModule(pl.LightningDataModule):
         self.meta: dict[str, Any] = {}
         self.timings: dict[str, float] = {}
         self._loaded_dir: Path | None = None
+        self._resume: dict[str, int] | None = None
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -536,29 +570,53 @@ class TextDataModule(pl.LightningDataModule):
         return {"input_ids": ids, "attention_mask": mask,
                 "labels": torch.tensor([int(r["labels"]) for r in rows], dtype=torch.long)}
 
-    def _distributed(self) -> bool:
-        trainer = getattr(self, "trainer", None)
-        if trainer is not None and getattr(trainer, "world_size", 1) > 1:
-            return True
-        return torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+    def _shard(self) -> tuple[int, int]:
+        """(rank, world_size) of this process; the datamodule shards every split itself."""
+        trainer = self.trainer
+        if trainer is not None and trainer.world_size > 1:
+            if trainer._accelerator_connector.use_distributed_sampler:
+                raise ValueError("TextDataModule shards the data across ranks itself (exactly resumable, length "
+                                 "bucketing kept); build the Trainer with use_distributed_sampler=False, as "
+                                 "conf/trainer/default.yaml does.")
+            return trainer.global_rank, trainer.world_size
+        return 0, 1
 
     def _loader(self, ds, batch_size: int, train: bool) -> DataLoader:
-        kwargs: dict[str, Any] = dict(batch_size=batch_size, collate_fn=self.collate, num_workers=self.num_workers,
-                                      pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0)
-        if not train:
-            kwargs["shuffle"] = False
-        elif self._distributed():
-            # Lightning swaps in a DistributedSampler (seeded, set_epoch) to shard a shuffled loader.
-            if self.length_bucketing:
-                warnings.warn("length_bucketing is disabled under distributed training (plain shuffling is used) "
-                              "so that Lightning's DistributedSampler shards the data.", stacklevel=2)
-            kwargs["shuffle"] = True
-        elif self.length_bucketing:
+        rank, world = self._shard()
+        if train and self.length_bucketing:
             lengths = __import__("pyarrow.compute", fromlist=["x"]).list_value_length(ds.data.column("input_ids")).to_numpy()
-            kwargs["sampler"] = LengthBucketSampler(lengths, batch_size, seed=self.shuffle_seed)
+            sampler = LengthBucketSampler(lengths, batch_size, seed=self.shuffle_seed, rank=rank, world_size=world)
         else:
-            kwargs["sampler"] = EpochShuffleSampler(len(ds), seed=self.shuffle_seed)
-        return DataLoader(ds, **kwargs)
+            sampler = EpochShuffleSampler(len(ds), seed=self.shuffle_seed, shuffle=train, rank=rank, world_size=world)
+        if train and self._resume is not None:
+            self._resume_sampler(sampler, world)
+        # Its own generator: creating an iterator would otherwise draw from the global torch RNG and shift
+        # the dropout masks of a run resumed mid-epoch.
+        return DataLoader(ds, batch_size=batch_size, sampler=sampler, collate_fn=self.collate,
+                          num_workers=self.num_workers, pin_memory=self.pin_memory,
+                          persistent_workers=self.num_workers > 0,
+                          generator=torch.Generator().manual_seed(self.shuffle_seed))
+
+    def _resume_sampler(self, sampler: EpochShuffleSampler, world: int) -> None:
+        position, self._resume = self._resume, None
+        if position["world_size"] != world:
+            warnings.warn(f"the checkpoint was written by {position['world_size']} rank(s), this run has {world}: "
+                          f"epoch {position['epoch']} restarts from its first batch instead of resuming exactly.",
+                          stacklevel=3)
+            sampler.set_epoch(position["epoch"])
+            return
+        sampler.resume_at(position["epoch"], position["samples"])
+
+    def _train_position(self) -> dict[str, int] | None:
+        """Where training stands in the data: the epoch and how many samples of it this rank has used."""
+        trainer = self.trainer
+        if trainer is None or trainer.state.fn != "fit" or trainer.num_training_batches in (0, float("inf")):
+            return None
+        epoch = trainer.current_epoch
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # training steps run this epoch
+        if done >= trainer.num_training_batches:
+            epoch, done = epoch + 1, 0
+        return {"epoch": epoch, "samples": done * self.batch_size, "world_size": trainer.world_size}
 
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")
@@ -586,11 +644,15 @@ class TextDataModule(pl.LightningDataModule):
         return save_tokenizer(self.tokenizer, path)
 
     def state_dict(self) -> dict[str, Any]:
-        """Stored by Lightning inside checkpoints: the exact tokenizer and label names."""
+        """Stored by Lightning inside checkpoints: the exact tokenizer, the label names and, while
+        fitting, the position in the training data, so that a run resumes mid-epoch exactly."""
         if self.tokenizer is None:
             return {}
-        return {"tokenizer_json": self.tokenizer.to_str(), "label_names": self.label_names,
-                "max_length": self.max_length, "name": self.name}
+        state = {"tokenizer_json": self.tokenizer.to_str(), "label_names": self.label_names,
+                 "max_length": self.max_length, "name": self.name}
+        if (position := self._train_position()) is not None:
+            state["train_position"] = position
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("tokenizer_json"):
@@ -601,3 +663,4 @@ class TextDataModule(pl.LightningDataModule):
             self.tokenizer = tok
         if state.get("label_names") and not self.meta:
             self.meta = {"label_names": list(state["label_names"])}
+        self._resume = state.get("train_position")  # applied to the next training sampler

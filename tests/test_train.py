@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import hydra
+import lightning.pytorch as pl
 import pytest
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -69,7 +70,7 @@ def test_sweep_preset_sets_the_study_grid(make_cfg):
 
 def test_fast_dev_run_end_to_end(make_cfg, tmp_path):
     result = run(make_cfg("debug=fdr"))
-    assert {"train/loss", "val/acc", "test/acc", "test/f1"} <= set(result["metrics"])
+    assert {"train/loss_epoch", "val/acc", "test/acc", "test/f1"} <= set(result["metrics"])
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["metrics"] == result["metrics"]
     assert (tmp_path / "run" / "tokenizer.json").is_file()
 
@@ -98,14 +99,52 @@ def test_short_training_learns_and_checkpoint_reloads_without_hydra(make_cfg, tm
     assert batch["input_ids"][0, 0].item() == loaded.tokenizer.token_to_id("<cls>")
 
 
-def test_resume_from_last_checkpoint_matches_uninterrupted_run(make_cfg, tmp_path):
-    common = ["trainer.deterministic=true", "callbacks=[model_checkpoint]", "test=false"]
-    straight = run(make_cfg("trainer.max_epochs=2", *common))["metrics"]
-    run(make_cfg("trainer.max_epochs=1", *common, out="first"))
-    last = tmp_path / "first" / "checkpoints" / "last.ckpt"
-    resumed = run(make_cfg("trainer.max_epochs=2", *common, f"ckpt_path={last}", out="resumed"))["metrics"]
-    for key in ("val/acc", "val/loss", "train/loss_epoch"):
-        assert resumed[key] == straight[key], key
+class _Killed(Exception):
+    pass
+
+
+class _KillAtStep(pl.Callback):
+    """Dies at the start of training step ``step`` (1-based), before it changes anything."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, *args):
+        if trainer.global_step + 1 == self.step:
+            raise _Killed(self.step)
+
+
+def _final_weights(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+
+
+# 3 epochs of 4 steps with a warm-up + linear schedule; last.ckpt is refreshed every 3 steps.
+RESUME = ["trainer.max_epochs=3", "trainer.deterministic=true", "callbacks=[model_checkpoint,last_checkpoint]",
+          "callbacks.last_checkpoint.every_n_train_steps=3", "model.scheduler=linear", "model.warmup_steps=2",
+          "model.dropout=0.3", "test=false"]
+
+
+# (step it dies at, step of the last.ckpt it leaves): epochs are steps 1-4, 5-8, 9-12.
+@pytest.mark.parametrize("kills", [[(5, 4)], [(7, 6)], [(7, 6), (11, 9)]], ids=["epoch_end", "mid_epoch", "twice"])
+def test_resume_after_a_kill_matches_the_uninterrupted_run(make_cfg, tmp_path, monkeypatch, kills):
+    import identifiable_transformers.training as training
+
+    straight = run(make_cfg(*RESUME, out="straight"))
+    instantiate = training._instantiate_dict
+    ckpt = None
+    for i, (step, saved) in enumerate(kills):
+        monkeypatch.setattr(training, "_instantiate_dict", lambda node, s=step: [*instantiate(node), _KillAtStep(s)])
+        with pytest.raises(_Killed):
+            run(make_cfg(*RESUME, *([f"ckpt_path={ckpt}"] if ckpt else []), out=f"killed{i}"))
+        ckpt = tmp_path / f"killed{i}" / "checkpoints" / "last.ckpt"
+        assert torch.load(ckpt, map_location="cpu", weights_only=True)["global_step"] == saved
+    monkeypatch.setattr(training, "_instantiate_dict", instantiate)
+    resumed = run(make_cfg(*RESUME, f"ckpt_path={ckpt}", out="resumed"))
+
+    assert resumed["metrics"] == straight["metrics"]
+    assert resumed["best_epoch"] == straight["best_epoch"]
+    a, b = _final_weights(tmp_path / "straight"), _final_weights(tmp_path / "resumed")
+    assert a.keys() == b.keys() and [k for k in a if not torch.equal(a[k], b[k])] == []
 
 
 def test_evaluate_only_from_checkpoint(make_cfg, tmp_path):
@@ -161,12 +200,47 @@ def test_wandb_without_api_key_logs_offline(tmp_path, cache_dir):
         assert key.encode() in blob, key
 
 
-def test_ddp_sim_two_cpu_processes(tmp_path, cache_dir):
-    proc = _train_py("trainer=ddp_sim", "logger=csv", *[a for a in FAST_CLI if not a.startswith("trainer=")],
-                     f"paths.log_dir={tmp_path}/logs", f"paths.cache_dir={cache_dir}", tmp_path=tmp_path)
+KILLER = """
+import os, signal
+import lightning.pytorch as pl
+
+class KillAtStep(pl.Callback):  # SIGKILL, at the start of training step `step`, on every rank
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, *args):
+        if trainer.global_step + 1 == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_ddp_sim_two_cpu_processes_and_exact_resume_after_sigkill(tmp_path, cache_dir):
+    """2 CPU ranks: train; then SIGKILL both ranks mid-epoch and resume from last.ckpt: same run."""
+    (tmp_path / "killer.py").write_text(KILLER)
+    common = ["trainer=ddp_sim", "logger=csv", *[a for a in FAST_CLI if not a.startswith("trainer=")],
+              "trainer.max_epochs=3", "trainer.limit_train_batches=4", "trainer.deterministic=true",
+              "callbacks.last_checkpoint.every_n_train_steps=3", "model.scheduler=linear", "model.warmup_steps=2",
+              "model.dropout=0.3", f"paths.log_dir={tmp_path}/logs", f"paths.cache_dir={cache_dir}"]
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    runs = {name: tmp_path / name for name in ("straight", "killed", "resumed")}
+    proc = _train_py(*common, f"hydra.run.dir={runs['straight']}", tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    metrics = json.loads(next((tmp_path / "logs").rglob("metrics.json")).read_text())
-    assert "test/acc" in metrics["metrics"]
+    straight = json.loads((runs["straight"] / "metrics.json").read_text())
+    assert "test/acc" in straight["metrics"]
+
+    # steps 5-8 are epoch 1: dies at the start of step 7, leaving the last.ckpt of step 6
+    proc = _train_py(*common, f"hydra.run.dir={runs['killed']}", "+callbacks.kill._target_=killer.KillAtStep",
+                     "+callbacks.kill.step=7", tmp_path=tmp_path, env=env)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    last = runs["killed"] / "checkpoints" / "last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 6
+    proc = _train_py(*common, f"hydra.run.dir={runs['resumed']}", f"ckpt_path={last}", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = json.loads((runs["resumed"] / "metrics.json").read_text())
+    untimed = lambda m: {k: v for k, v in m["metrics"].items() if not k.endswith("_s")}  # noqa: E731 (timings)
+    assert untimed(resumed) == untimed(straight) and len(untimed(straight)) > 20
+    a, b = _final_weights(runs["straight"]), _final_weights(runs["resumed"])
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
 
 
 @pytest.mark.parametrize("logger,cls", [("csv", "CSVLogger"), ("tensorboard", "TensorBoardLogger"), ("none", None)])

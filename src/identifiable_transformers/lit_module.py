@@ -16,7 +16,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torchmetrics import MaxMetric, MetricCollection
+from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from .models import TransformerClassifier
@@ -34,6 +34,11 @@ def _numpy_state_to_tensors(state: tuple) -> tuple:
 def _numpy_state_from_tensors(state: tuple) -> tuple:
     name, keys, pos, has_gauss, cached = state
     return name, keys.numpy().astype(np.uint32), pos, has_gauss, cached
+
+
+def _world_size() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 class TextClassifier(pl.LightningModule):
@@ -84,7 +89,11 @@ class TextClassifier(pl.LightningModule):
         self.train_metrics = metrics.clone(prefix="train/")
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
+        self.train_loss = MeanMetric()  # train/loss_epoch; Lightning's own running means are not checkpointed
         self.val_acc_best = MaxMetric()
+        # Checkpointed, so that a run resumed mid-epoch reports the same epoch metrics and best accuracy.
+        for metric in (self.train_metrics, self.train_loss, self.val_acc_best):
+            metric.persistent(True)
 
     @property
     def label_names(self) -> list[str]:
@@ -109,8 +118,12 @@ class TextClassifier(pl.LightningModule):
         metrics = getattr(self, f"{stage}_metrics")
         metrics.update(logits, labels)
         size = labels.shape[0]
-        self.log(f"{stage}/loss", loss, on_step=stage == "train", on_epoch=True, prog_bar=True, batch_size=size,
-                 sync_dist=stage != "train")
+        if stage == "train":
+            self.train_loss.update(loss.detach(), size)
+            self.log("train/loss_step", loss, prog_bar=True, batch_size=size)
+            self.log("train/loss_epoch", self.train_loss, on_step=False, on_epoch=True, prog_bar=True)
+        else:
+            self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=True, batch_size=size, sync_dist=True)
         self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=stage != "train", batch_size=size)
         return loss
 
@@ -126,25 +139,35 @@ class TextClassifier(pl.LightningModule):
     def predict_step(self, batch, batch_idx):
         return self.model(batch["input_ids"], batch["attention_mask"]).logits
 
-    def on_train_start(self):
-        # The sanity check must not count towards the best validation accuracy.
-        self.val_acc_best.reset()
-
     def on_validation_epoch_end(self):
+        if self.trainer.sanity_checking:  # must not count towards the best validation accuracy
+            return
         self.val_acc_best(self.val_metrics["acc"].compute())
         self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True, prog_bar=True)
 
     # Lightning does not checkpoint the random state: without it a resumed run draws other dropout masks.
+    # Under DDP every rank has its own stream; the checkpoint keeps one state per rank.
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["rng_states"] = {
+        state = {
             "torch": torch.get_rng_state(),
             "numpy": _numpy_state_to_tensors(np.random.get_state()),
             "python": random.getstate(),
             **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}),
         }
+        if _world_size() > 1:  # Trainer.save_checkpoint runs on every rank, so this collective is safe
+            states = [None] * _world_size()
+            torch.distributed.all_gather_object(states, state)
+            checkpoint["rng_states_per_rank"] = states
+        checkpoint["rng_states"] = state
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        states = checkpoint.get("rng_states")
+        if self._trainer is None or self.trainer.state.fn != "fit":
+            return  # loading for inference or testing leaves the caller's random state alone
+        per_rank = checkpoint.get("rng_states_per_rank")
+        if per_rank is not None and len(per_rank) == _world_size():
+            states = per_rank[torch.distributed.get_rank()]
+        else:
+            states = checkpoint.get("rng_states")
         if not states:
             return
         torch.set_rng_state(states["torch"])

@@ -8,6 +8,7 @@ import logging
 import os
 import random
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -174,11 +175,15 @@ def run(cfg: DictConfig) -> dict:
         log.info("Parameters: %s", params)
 
         if cfg.get("train"):
-            trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+            with warnings.catch_warnings():
+                # TextDataModule's checkpointed data position makes a mid-epoch resume exact; Lightning cannot tell.
+                warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
+                trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
         fit_metrics = _scalars(trainer.callback_metrics)
 
         test_metrics: dict[str, float] = {}
-        ckpt_cb = trainer.checkpoint_callback
+        # the one keeping the best val/acc (LastCheckpoint has no monitor)
+        ckpt_cb = next((c for c in trainer.checkpoint_callbacks if getattr(c, "monitor", None)), None)
         if cfg.get("test"):
             if cfg.get("train"):
                 best = ckpt_cb.best_model_path if ckpt_cb is not None else ""

@@ -147,6 +147,16 @@ def test_resume_after_a_kill_matches_the_uninterrupted_run(make_cfg, tmp_path, m
     assert a.keys() == b.keys() and [k for k in a if not torch.equal(a[k], b[k])] == []
 
 
+def test_last_ckpt_is_the_newest_state_even_without_improvement(make_cfg, tmp_path):
+    # lr=0: val/acc never improves after epoch 0, so Lightning's save_last would leave last.ckpt at step 4
+    result = run(make_cfg("trainer.max_epochs=3", "model.lr=0", "callbacks=[model_checkpoint,last_checkpoint]",
+                          "test=false"))
+    assert result["best_epoch"] == 0
+    last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert (last["global_step"], last["epoch"]) == (12, 2)
+    assert not list((tmp_path / "run" / "checkpoints").glob("*.tmp"))
+
+
 def test_evaluate_only_from_checkpoint(make_cfg, tmp_path):
     first = run(make_cfg("callbacks=[model_checkpoint]"))
     again = run(make_cfg("train=false", f"ckpt_path={first['best_model_path']}", out="eval"))["metrics"]

@@ -663,4 +663,6 @@ class TextDataModule(pl.LightningDataModule):
             self.tokenizer = tok
         if state.get("label_names") and not self.meta:
             self.meta = {"label_names": list(state["label_names"])}
-        self._resume = state.get("train_position")  # applied to the next training sampler
+        # Applied to the next training sampler; restoring for validate/test/predict must not leave it pending.
+        fitting = self.trainer is None or self.trainer.state.fn == "fit"
+        self._resume = state.get("train_position") if fitting else None

@@ -25,10 +25,6 @@ class LastCheckpoint(Checkpoint):  # a Checkpoint, so Lightning runs it after th
         self.every_n_train_steps = int(every_n_train_steps)
         self._saved_step: int | None = None
 
-    @property
-    def state_key(self) -> str:
-        return f"LastCheckpoint[{self.path.name}]"
-
     def _save(self, trainer: pl.Trainer) -> None:
         if trainer.sanity_checking or trainer.fast_dev_run or trainer.state.fn != "fit":
             return

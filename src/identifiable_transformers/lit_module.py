@@ -36,11 +36,6 @@ def _numpy_state_from_tensors(state: tuple) -> tuple:
     return name, keys.numpy().astype(np.uint32), pos, has_gauss, cached
 
 
-def _world_size() -> int:
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 class TextClassifier(pl.LightningModule):
     def __init__(
         self,
@@ -146,7 +141,7 @@ class TextClassifier(pl.LightningModule):
         self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True, prog_bar=True)
 
     # Lightning does not checkpoint the random state: without it a resumed run draws other dropout masks.
-    # Under DDP every rank has its own stream; the checkpoint keeps one state per rank.
+    # Under DDP every rank has its own stream: the checkpoint keeps a list, one state per rank.
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         state = {
             "torch": torch.get_rng_state(),
@@ -154,27 +149,25 @@ class TextClassifier(pl.LightningModule):
             "python": random.getstate(),
             **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}),
         }
-        if _world_size() > 1:  # Trainer.save_checkpoint runs on every rank, so this collective is safe
-            states = [None] * _world_size()
+        states = [state] * self.trainer.world_size
+        if self.trainer.world_size > 1:  # Trainer.save_checkpoint runs on every rank, so this collective is safe
             torch.distributed.all_gather_object(states, state)
-            checkpoint["rng_states_per_rank"] = states
-        checkpoint["rng_states"] = state
+        checkpoint["rng_states"] = states
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if self._trainer is None or self.trainer.state.fn != "fit":
             return  # loading for inference or testing leaves the caller's random state alone
-        per_rank = checkpoint.get("rng_states_per_rank")
-        if per_rank is not None and len(per_rank) == _world_size():
-            states = per_rank[torch.distributed.get_rank()]
-        else:
-            states = checkpoint.get("rng_states")
+        states = checkpoint.get("rng_states")
         if not states:
             return
-        torch.set_rng_state(states["torch"])
-        np.random.set_state(_numpy_state_from_tensors(states["numpy"]))
-        random.setstate(states["python"])
-        if "cuda" in states and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(states["cuda"])
+        if isinstance(states, dict):  # written before per-rank states
+            states = [states]
+        state = states[self.trainer.global_rank] if len(states) == self.trainer.world_size else states[0]
+        torch.set_rng_state(state["torch"])
+        np.random.set_state(_numpy_state_from_tensors(state["numpy"]))
+        random.setstate(state["python"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
 
     def configure_optimizers(self):
         hp = self.hparams

@@ -112,3 +112,30 @@ def test_bad_configurations_name_the_parameter(kwargs, name):
 def test_add_with_explicit_key_dim_needs_no_divisibility():
     attn = MultiHeadSelfAttention(10, 4, key_dim=3, head_combine="add")
     assert (attn.key_dim, attn.value_dim) == (3, 10)
+
+
+def test_override_attention_replaces_weights_and_restores():
+    """A hook returning the weights unchanged changes nothing; uniform weights give the mean of the
+    real values, computed independently; the hook is gone after the block."""
+    from identifiable_transformers.models import TransformerClassifier, override_attention
+
+    torch.manual_seed(3)
+    model = TransformerClassifier(50, 3, embed_dim=16, num_heads=2, head_combine="add", key_dim=2).eval()
+    ids = torch.randint(4, 50, (2, 6))
+    mask = _mask([6, 4], 6)
+    ref = model(ids, mask).logits
+    seen = []
+    with override_attention(model, lambda i, w, m: seen.append(i) or w):
+        same = model(ids, mask).logits
+    torch.testing.assert_close(same, ref)
+    assert seen == [0]
+    attn = model.layers[0].attn
+    x = torch.randn(2, 6, 16)
+    with override_attention(model, lambda i, w, m: m[:, None, None, :].float().expand_as(w) / m.sum(-1)[:, None, None, None]):
+        out, _ = attn(x, mask)
+    v = attn.v_proj(x).view(2, 6, 2, 16)  # (B, T, H, dv)
+    for b, n in enumerate([6, 4]):
+        expected = attn.out_proj(v[b, :n].mean(0).sum(0))  # add: heads summed, then projected
+        torch.testing.assert_close(out[b], expected.expand(6, 16), atol=1e-5, rtol=1e-5)
+    assert attn.weights_hook is None
+    torch.testing.assert_close(model(ids, mask).logits, ref)

@@ -15,13 +15,18 @@ Logits are scaled by 1/sqrt(key_dim), the size the dot product is taken over.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 HEAD_COMBINES = ("concat", "add")
+
+# (weights (B, H, T, T), key_padding_mask (B, T) bool or None) -> weights (B, H, T, T)
+WeightsHook = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
 
 @dataclass
@@ -84,6 +89,8 @@ class MultiHeadSelfAttention(nn.Module):
         self.k_proj = nn.Linear(embed_dim, h * dk)
         self.v_proj = nn.Linear(embed_dim, h * dv)
         self.out_proj = nn.Linear(h * dv if head_combine == "concat" else dv, embed_dim)
+        # Optional (weights, key_padding_mask) -> weights, applied after the softmax (see override_attention).
+        self.weights_hook: WeightsHook | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -123,8 +130,10 @@ class MultiHeadSelfAttention(nn.Module):
         # (B, 1, 1, T): broadcast per example over heads and queries, never tiled across heads.
         mask = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
         p = self.dropout if self.training else 0.0
-        if need_weights:
+        if need_weights or self.weights_hook is not None:
             weights = self._weights(q, k, mask)
+            if self.weights_hook is not None:
+                weights = self.weights_hook(weights, key_padding_mask)
             heads = F.dropout(weights, p, self.training) @ v  # (B, H, T, dv)
         else:
             weights = None
@@ -146,3 +155,22 @@ class MultiHeadSelfAttention(nn.Module):
         w_o = self.head_out_proj()
         head_output = torch.einsum("bhst,bhtv,hvd->bhsd", weights, v, w_o)  # (B, H, T, d)
         return AttentionInternals(attention=weights, values=v, out_proj=w_o, head_output=head_output)
+
+
+@contextmanager
+def override_attention(model: nn.Module, hook: Callable[[int, torch.Tensor, torch.Tensor | None], torch.Tensor]
+                       ) -> Iterator[None]:
+    """Replace the attention weights of every layer inside the block: ``hook(layer_index, weights, mask)``.
+
+    The hook sees each layer's softmax weights (B, H, T, T) and the key padding mask (B, T) and returns
+    the weights the layer then uses with its own values and output projection (gradients flow through
+    it). Used by the faithfulness diagnostics (uniform attention, adversarial attention).
+    """
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadSelfAttention)]
+    try:
+        for i, layer in enumerate(layers):
+            layer.weights_hook = (lambda w, m, i=i: hook(i, w, m))
+        yield
+    finally:
+        for layer in layers:
+            layer.weights_hook = None

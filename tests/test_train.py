@@ -33,27 +33,9 @@ def test_every_model_and_data_config_instantiates_offline(make_cfg, tmp_path, mo
     assert dm.__class__.__name__ == "TextDataModule"
     lit = hydra.utils.instantiate(cfg.model, vocab_size=50, num_classes=3, _convert_="all")
     assert isinstance(lit, TextClassifier)
-    expected = "add" if model == "identifiable" else "concat"
-    assert lit.model.head_combine == expected
-
-
-@pytest.mark.parametrize("trainer", options("trainer"))
-def test_every_trainer_config_composes(make_cfg, trainer):
-    cfg = make_cfg(f"trainer={trainer}", fast=False)
-    assert cfg.trainer._target_ == "lightning.pytorch.Trainer"
-    if cfg.trainer.accelerator == "cpu" or cfg.trainer.accelerator == "auto":
-        t = hydra.utils.instantiate(cfg.trainer, logger=False)
-        assert t.num_devices == cfg.trainer.devices
-
-
-@pytest.mark.parametrize("extra", [["experiment=reference"], ["debug=fdr"], ["debug=limit"], ["debug=overfit"],
-                                   ["hparams_search=optuna"], ["callbacks=[default,early_stopping]"],
-                                   ["logger=csv"], ["logger=tensorboard"], ["logger=wandb"],
-                                   ["hydra/launcher=joblib_local"], ["hydra/launcher=slurm", "trainer=slurm"],
-                                   ["+sweep=smoke"], ["+sweep=key_size_offline"], ["+sweep=key_size_hub"]])
-def test_presets_compose(make_cfg, extra):
-    cfg = make_cfg(*extra, fast=False)
-    assert cfg.model._target_.endswith("TextClassifier")
+    # value_dim null resolves at build: d for added heads, d/h for concatenated ones (d = 16 in FAST)
+    expected = ("add", 2, 16) if model == "identifiable" else ("concat", 4, 4)
+    assert (lit.model.head_combine, lit.model.key_dim, lit.model.value_dim) == expected
 
 
 def test_slurm_launcher_starts_one_task_per_device(make_cfg):
@@ -61,11 +43,6 @@ def test_slurm_launcher_starts_one_task_per_device(make_cfg):
     launcher = cfg.hydra.launcher
     assert "SlurmLauncher" in launcher._target_
     assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node) == (2, 8, 8)
-
-
-def test_sweep_preset_sets_the_study_grid(make_cfg):
-    params = make_cfg("+sweep=key_size_offline", fast=False).hydra.sweeper.params
-    assert params["model"] == "baseline,identifiable" and params["model.key_dim"] == "1,2,4,8,16,32,64"
 
 
 def test_fast_dev_run_end_to_end(make_cfg, tmp_path):

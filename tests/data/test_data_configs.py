@@ -42,13 +42,34 @@ def test_config_matches_registry_and_instantiates(name, tmp_path):
     assert isinstance(dm, TextDataModule) and dm.name == name
 
 
-def test_expected_hub_ids_and_fields():
-    k = KNOWN_DATASETS
-    assert k["agnews"]["hub_id"] == "fancyzhx/ag_news"
-    assert k["yahoo"]["text_fields"] == ["question_title", "question_content", "best_answer"]
-    assert k["yahoo"]["label_field"] == "topic" and len(k["yahoo"]["label_names"]) == 10
-    assert k["dbpedia"]["text_fields"] == ["title", "content"] and len(k["dbpedia"]["label_names"]) == 14
-    assert k["trec"]["label_field"] == "coarse_label" and len(k["trec"]["label_names"]) == 6
-    assert k["sst2"]["text_fields"] == ["sentence"]
-    assert _composed("imdb_offline").max_length == 256
-    assert _composed("rt_offline").package_subset == "rotten_tomatoes"
+# name -> (source, hub_id, text_fields, label_field, number of label names, validation/test splits, max_length),
+# written from the dataset cards (docs/data.md), independently of the configs and of the registry.
+EXPECTED = {
+    "agnews": ("hub", "fancyzhx/ag_news", ["text"], "label", 4, (None, "test"), 128),
+    "amazon_polarity": ("hub", "fancyzhx/amazon_polarity", ["title", "content"], "label", 2, (None, "test"), 256),
+    "dbpedia": ("hub", "fancyzhx/dbpedia_14", ["title", "content"], "label", 14, (None, "test"), 128),
+    "imdb": ("hub", "stanfordnlp/imdb", ["text"], "label", 2, (None, "test"), 256),
+    "imdb_offline": ("package", None, ["text"], "label", 2, (None, None), 256),
+    "local": ("local", None, ["text"], "label", None, (None, None), 256),
+    "rotten_tomatoes": ("hub", "cornell-movie-review-data/rotten_tomatoes", ["text"], "label", 2,
+                        ("validation", "test"), 128),
+    "rt_offline": ("package", None, ["text"], "label", 2, (None, None), 128),
+    "sst2": ("hub", "stanfordnlp/sst2", ["sentence"], "label", 2, (None, "validation"), 64),  # hub test: no labels
+    "trec": ("hub", "CogComp/trec", ["text"], "coarse_label", 6, (None, "test"), 64),
+    "yahoo": ("hub", "community-datasets/yahoo_answers_topics", ["question_title", "question_content", "best_answer"],
+              "topic", 10, (None, "test"), 256),
+    "yelp_full": ("hub", "Yelp/yelp_review_full", ["text"], "label", 5, (None, "test"), 256),
+    "yelp_polarity": ("hub", "fancyzhx/yelp_polarity", ["text"], "label", 2, (None, "test"), 256),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_composed_config_has_the_documented_values(name):
+    assert set(EXPECTED) == set(KNOWN_DATASETS)
+    cfg = OmegaConf.to_container(_composed(name))
+    labels = cfg["label_names"]
+    got = (cfg["source"], cfg["hub_id"], cfg["text_fields"], cfg["label_field"], labels and len(labels),
+           (cfg["splits"]["validation"], cfg["splits"]["test"]), cfg["max_length"])
+    assert got == EXPECTED[name]
+    assert cfg["splits"]["train"] == "train" and cfg["val_fraction"] == 0.1 and cfg["batch_size"] == 64
+    assert cfg["package_subset"] == {"rt_offline": "rotten_tomatoes", "imdb_offline": "imdb"}.get(name)

@@ -53,7 +53,10 @@ def test_build_report_is_self_contained_and_consistent(tmp_path):
         assert r["witness_rel_error"] <= 1e-6
         assert (r["alt_attention_tv"] > 0) == (r["stochastic_null_dim"] > 0)
         assert r["key_agnostic_dim"] == n * r["stochastic_null_dim"]
-    assert "not identifiable" in page and "identifiable" in page
+    # one verdict per head from the closed form (d/h = 4): example 0 (n = 2) yes, example 1 (n > 5) no
+    assert [r["length"] <= 4 for r in heads] == [True, True, False, False] and heads[-1]["length"] > 5
+    assert page.count('<span class="ok">identifiable</span>') == 2
+    assert page.count('<span class="bad">not identifiable</span>') == 2
 
 
 @pytest.fixture(scope="module")

@@ -145,12 +145,8 @@ def test_duplicate_tokens_raise_null_dim():
     assert (rep["alt_attention_tv"] > 0).all()
 
 
-def test_ranks_are_invariant_to_scaling_T():
-    g = torch.Generator().manual_seed(0)
-    T = torch.randn(3, 12, 5, generator=g, dtype=torch.float64) @ torch.randn(5, 9, generator=g, dtype=torch.float64)
-    for scale in (1e-12, 1e-6, 1.0, 1e6, 1e12):
-        assert null_dim(scale * T).tolist() == [7, 7, 7], scale
-        assert stochastic_null_dim(scale * T).tolist() == [6, 6, 6], scale
+def test_zero_matrix_has_rank_zero():
+    # Scale invariance (1e-15 .. 1e15) is tested in test_identifiability_reference.py.
     # An exact zero matrix has rank 0 (no division by a zero sigma_max).
     assert null_dim(torch.zeros(4, 3)).item() == 4
     assert stochastic_null_dim(torch.zeros(4, 3)).item() == 3

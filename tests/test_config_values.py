@@ -27,7 +27,7 @@ BUILT = {
 }
 
 
-@pytest.mark.parametrize("overrides", list(BUILT), ids=" ".join)
+@pytest.mark.parametrize("overrides", list(BUILT), ids=",".join)
 def test_model_presets_build_the_documented_encoder(make_cfg, overrides):
     cfg = make_cfg(*overrides, fast=False)
     combine, d, h, dk, dv, positional = BUILT[overrides]

@@ -83,7 +83,7 @@ def test_report_of_a_biased_model_matches_from_scratch(case):
     kw, r = CASES[case]
     model = _biased_model(**kw)
     d = kw["embed_dim"]
-    lengths = [2, r, r + 1, r + 2, r + 4]
+    lengths = [2, r, r + 1, r + 2, r + 1, r + 4]  # two examples of one length share a batched SVD
     ids, mask = _batch(lengths)
     rep = attention_identifiability(model, ids, mask, return_maps=True)
     for b, n in enumerate(lengths):
@@ -112,6 +112,7 @@ def test_report_of_a_biased_model_matches_from_scratch(case):
             assert A_alt.shape == (n, n) and (A_alt >= 0).all()
             torch.testing.assert_close(A_alt.sum(-1), torch.ones(n, dtype=torch.float64), rtol=0, atol=1e-12)
             assert ((A_alt @ T - A @ T).norm() / (A @ T).norm()).item() < 1e-10
+            assert rep["witness_rel_error"][b, 0, h] < 1e-10
             tv = 0.5 * (A_alt - A).abs().sum(-1)
             torch.testing.assert_close(rep["alt_attention_tv"][b, 0, h], tv.max(), rtol=1e-8, atol=1e-12)
             if n - r - 1 > 0:

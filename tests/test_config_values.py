@@ -32,7 +32,8 @@ def test_model_presets_build_the_documented_encoder(make_cfg, overrides):
     cfg = make_cfg(*overrides, fast=False)
     combine, d, h, dk, dv, positional = BUILT[overrides]
     model = _build(cfg).model
-    assert (model.head_combine, model.embed_dim, model.num_heads, model.key_dim, model.value_dim) == (combine, d, h, dk, dv)
+    got = (model.head_combine, model.embed_dim, model.num_heads, model.key_dim, model.value_dim)
+    assert got == (combine, d, h, dk, dv)
     attn = model.layers[0].attn
     assert (attn.q_proj.out_features, attn.v_proj.out_features) == (h * dk, h * dv)
     assert attn.out_proj.in_features == (h * dv if combine == "concat" else dv)
@@ -52,7 +53,8 @@ PRESETS = {
     "debug=limit": {"trainer.max_epochs": 2, "trainer.limit_train_batches": 5, "trainer.limit_val_batches": 2,
                     "trainer.limit_test_batches": 2, "trainer.fast_dev_run": False, "logger": {}},
     "debug=overfit": {"trainer.max_epochs": 30, "trainer.overfit_batches": 3, "logger": {},
-                      "callbacks.model_checkpoint.monitor": "train/loss_epoch", "callbacks.model_checkpoint.mode": "min"},
+                      "callbacks.model_checkpoint.monitor": "train/loss_epoch",
+                      "callbacks.model_checkpoint.mode": "min"},
     "hparams_search=optuna": {"hydra.mode": RunMode.MULTIRUN, "hydra.sweeper.direction": "maximize",
                               "hydra.sweeper.n_trials": 20, "hydra.sweeper.sampler.seed": 1234,
                               "optimized_metric": "val/acc_best",
@@ -129,7 +131,10 @@ def test_sweep_presets_expand_to_the_expected_jobs(make_cfg, name):
     cfg = make_cfg(f"+sweep={name}", fast=False)
     for key, expected in shared.items():
         value = OmegaConf.select(cfg, key)
-        value = list(value) if key == "logger" else OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        if key == "logger":  # the logger names
+            value = list(value)
+        elif OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value)
         assert value == expected, (key, value)
     # expand the preset's sweeper params the way Hydra's basic sweeper does
     params = [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()]

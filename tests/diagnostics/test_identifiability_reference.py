@@ -53,6 +53,7 @@ def _rank(M):
     return int((s > tol).sum()), tol, s
 
 
+@torch.no_grad()
 def _reference_heads(model, ids, n):
     """[(A, V, T)] per head of the single layer for one example's n real tokens, float64."""
     attn = model.layers[0].attn

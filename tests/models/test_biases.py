@@ -35,6 +35,7 @@ def _wb(linear):
     return linear.weight.detach().double(), linear.bias.detach().double()
 
 
+@torch.no_grad()
 def reference_heads(attn, x, lengths):
     """Per example and head, in float64 on the real keys only:
     q, k, v = X W^T + b; A = softmax(q k^T / sqrt(d_k)); W_o^h = out_proj's slice for head h
@@ -82,6 +83,7 @@ def test_biased_attention_matches_from_scratch_reference(head_combine, key_dim, 
             torch.testing.assert_close(inside.head_output[b, i].double(), hd["out"], atol=1e-5, rtol=1e-5)
 
 
+@torch.no_grad()
 def _reference_classifier(model, ids, lengths, norm_first):
     """Logits and each layer's per-head quantities, from scratch: embeddings (+ learned positions),
     post- or pre-norm encoder layers with ReLU feed-forward, mean or <cls> pooling, linear head."""

@@ -263,6 +263,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "LocalHub/1"
     repos: dict[str, Repo] = {}
     log_requests = False
+    requests: list[str] = []  # "METHOD path" of every request served, in order
 
     def log_message(self, fmt, *args):  # quiet unless asked
         if self.log_requests:
@@ -323,6 +324,7 @@ class Handler(BaseHTTPRequestHandler):
         self._handle()
 
     def _handle(self):
+        self.requests.append(f"{self.command} {self.path}")
         route = self._route()
         if route is None:
             return self._send(404, b"Not found", head=self.command == "HEAD")
@@ -369,8 +371,9 @@ class LocalHub:
 
     def __init__(self, port: int = 0, repos: dict | None = None, log_requests: bool = False):
         built = repos if repos is not None else build_repos()
+        self.requests: list[str] = []
         handler = type("BoundHandler", (Handler,), {"repos": {rid: Repo(rid, b) for rid, b in built.items()},
-                                                     "log_requests": log_requests})
+                                                     "log_requests": log_requests, "requests": self.requests})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
@@ -383,10 +386,12 @@ class LocalHub:
         return self
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        """Stop serving and close the port (idempotent)."""
         if self._thread is not None:
+            self.httpd.shutdown()
             self._thread.join(5)
+            self._thread = None
+        self.httpd.server_close()
 
     def __enter__(self) -> "LocalHub":
         return self.start()

@@ -62,6 +62,7 @@ class Card:
     files: dict[str, str]  # split -> path in the repo
     unlabelled: tuple[str, ...] = ()  # splits whose label is -1 (hidden test sets, unsupervised)
     parquet_branch: bool = False  # data only on refs/convert/parquet; main holds a loading script
+    card_configs: bool = True  # the card lists `configs` (else datasets infers the splits from file names)
     rows: dict[str, int] = field(default_factory=dict)
 
 
@@ -104,7 +105,8 @@ CARDS: dict[str, Card] = {c.repo_id: c for c in [
           ("fine_label", TREC_FINE)], "coarse_label",
          {"train": "default/train/0000.parquet", "test": "default/test/0000.parquet"}, parquet_branch=True),
     Card("cornell-movie-review-data/rotten_tomatoes", "default", [("text", STRING), ("label", ["neg", "pos"])],
-         "label", {"train": "train.parquet", "validation": "validation.parquet", "test": "test.parquet"}),
+         "label", {"train": "train.parquet", "validation": "validation.parquet", "test": "test.parquet"},
+         card_configs=False),
 ]}
 
 PARQUET_REF = "refs/convert/parquet"
@@ -204,7 +206,7 @@ def build_repos(cards: dict[str, Card] = CARDS) -> dict[str, dict[str, dict[str,
             repos[rid] = {"main": main, PARQUET_REF: {".gitattributes": GITATTRIBUTES, **data}}
         else:
             repos[rid] = {"main": {".gitattributes": GITATTRIBUTES,
-                                   "README.md": _readme(_card_yaml(card, sizes, True), name), **data}}
+                                   "README.md": _readme(_card_yaml(card, sizes, card.card_configs), name), **data}}
     return repos
 
 

@@ -27,7 +27,7 @@ CONF_DIR = Path(__file__).resolve().parents[3] / "conf" / "data"
 NOT_SPEC = ("_target_", "name", "cache_dir")
 
 
-def _compose(path: Path, seen: tuple[Path, ...] = ()) -> Any:
+def _compose(path: Path, conf_dir: Path, seen: tuple[Path, ...] = ()) -> Any:
     """The file merged over its defaults, in the order of its ``defaults`` list (``_self_`` last if absent)."""
     if path in seen:
         raise ValueError(f"{path}: circular defaults list ({' -> '.join(p.name for p in seen)})")
@@ -43,7 +43,7 @@ def _compose(path: Path, seen: tuple[Path, ...] = ()) -> Any:
         if not isinstance(d, str) or not d.endswith("@_here_"):
             raise ValueError(f"{path}: defaults entry {d!r} is not supported by the registry; use "
                              "'<file>@_here_' (e.g. base/text_classification@_here_) or '_self_'.")
-        parts.append(_compose(CONF_DIR / f"{d[: -len('@_here_')]}.yaml", (*seen, path)))
+        parts.append(_compose(conf_dir / f"{d[: -len('@_here_')]}.yaml", conf_dir, (*seen, path)))
     return OmegaConf.merge(*parts)
 
 
@@ -56,7 +56,7 @@ def load_specs(conf_dir: Path = CONF_DIR) -> dict[str, dict[str, Any]]:
         )
     specs = {}
     for path in sorted(conf_dir.glob("*.yaml")):
-        cfg = OmegaConf.to_container(_compose(path), resolve=False)
+        cfg = OmegaConf.to_container(_compose(path, conf_dir), resolve=False)
         if cfg.get("name") != path.stem:
             raise ValueError(f"{path}: name={cfg.get('name')!r} must equal the file name {path.stem!r}.")
         specs[path.stem] = {k: v for k, v in cfg.items() if k not in NOT_SPEC}

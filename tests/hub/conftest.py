@@ -39,13 +39,13 @@ def local_hub():
 
 
 def hub_env(tmp_path: Path, endpoint: str, **extra: str) -> dict[str, str]:
-    """os.environ for a child process: the hub at ``endpoint``, HF caches under ``tmp_path/hf``, no proxy,
-    no token, not offline (tests/conftest.py sets HF_HUB_OFFLINE=1 for everything else)."""
+    """os.environ for a child process: the hub at ``endpoint``, HF caches under ``tmp_path/hf``, HOME in
+    tmp_path (nothing read from the user's home), no proxy, no token, not offline (tests/conftest.py sets HF_HUB_OFFLINE=1 for everything else)."""
     env = {k: v for k, v in os.environ.items() if k not in HF_VARS + PROXY_VARS}
     hf = tmp_path / "hf"
     env.update(HF_ENDPOINT=endpoint, HF_HOME=str(hf), HF_DATASETS_CACHE=str(hf / "datasets"),
                HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1,localhost", WANDB_MODE="disabled",
-               PROJECT_ROOT=str(ROOT), **extra)
+               PROJECT_ROOT=str(ROOT), HOME=str(tmp_path / "home"), **extra)
     return env
 
 

@@ -54,6 +54,8 @@ def test_server_speaks_the_hub_api(local_hub, tmp_path, monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # tests/conftest.py sets HF_HUB_OFFLINE=1
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)  # no side request to huggingface.co
+    monkeypatch.setattr(constants, "AGENT_HARNESSES_PATH", str(tmp_path / "agent_harnesses.json"))  # not ~/.cache
     api = HfApi(endpoint=local_hub.url, token=False)
     info = api.dataset_info("fancyzhx/ag_news")
     assert len(info.sha) == 40 and "README.md" in [s.rfilename for s in info.siblings]

@@ -281,11 +281,21 @@ def _read_status(sock: socket.socket) -> int:
     return int(parts[1]) if len(parts) >= 2 and parts[0].startswith(b"HTTP/") and parts[1].isdigit() else 0
 
 
+def _proxy_url(proxy: str):
+    return urlparse(proxy if "://" in proxy else f"http://{proxy}")
+
+
+def _proxy_address(proxy: str) -> str:
+    """host:port of a proxy URL, without its credentials (for messages)."""
+    p = _proxy_url(proxy)
+    return f"{p.hostname}:{p.port}" if p.port else str(p.hostname)
+
+
 def proxy_reachable(proxy: str, url: str, timeout: float = 2.0) -> bool | None:
     """Ask an HTTP proxy whether it reaches ``url``'s host: ``CONNECT host:port`` for https
     (True on 2xx), ``HEAD url`` for http (True below 500). None when the proxy is not an
     http(s):// one (e.g. socks5://), which this probe cannot speak."""
-    p = urlparse(proxy if "://" in proxy else f"http://{proxy}")
+    p = _proxy_url(proxy)
     if p.scheme not in ("http", "https") or not p.hostname:
         return None
     u = urlparse(url)
@@ -400,7 +410,10 @@ def load_hub(
         kwargs["cache_dir"] = os.path.expanduser(cache_dir)
     ctx = hf_offline_mode() if offline else contextlib.nullcontext()
     if offline:
-        log.warning("Hugging Face hub unreachable (or offline mode set): loading %r from the local cache only", hub_id)
+        proxy = proxy_for(hub_endpoint())
+        via = f" through the proxy {_proxy_address(proxy)}" if proxy else ""
+        log.warning("Hugging Face hub %s unreachable%s (or offline mode set): loading %r from the local cache only",
+                    hub_endpoint(), via, hub_id)
     try:
         with ctx:
             dd = datasets.load_dataset(hub_id, hub_config, **kwargs)

@@ -44,10 +44,12 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             conn.close()
         self.send_response(r.status)
+        head = self.command == "HEAD"  # no body, but the upstream's Content-Length
         for k, v in r.getheaders():
-            if k.lower() not in HOP and k.lower() != "content-length":
+            if k.lower() not in HOP and (head or k.lower() != "content-length"):
                 self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data)))
+        if not head:
+            self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)

@@ -31,11 +31,9 @@ import io
 import json
 import random
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
-
-import yaml
 
 # --------------------------------------------------------------------------- the cards
 # Each entry mirrors the dataset card on huggingface.co (checked against the stored cards):
@@ -63,7 +61,6 @@ class Card:
     unlabelled: tuple[str, ...] = ()  # splits whose label is -1 (hidden test sets, unsupervised)
     parquet_branch: bool = False  # data only on refs/convert/parquet; main holds a loading script
     card_configs: bool = True  # the card lists `configs` (else datasets infers the splits from file names)
-    rows: dict[str, int] = field(default_factory=dict)
 
 
 CARDS: dict[str, Card] = {c.repo_id: c for c in [
@@ -110,7 +107,7 @@ CARDS: dict[str, Card] = {c.repo_id: c for c in [
 ]}
 
 PARQUET_REF = "refs/convert/parquet"
-ROWS = {"train": 320, "validation": 80, "test": 80, "unsupervised": 40}
+ROWS = {"train": 400, "validation": 200, "test": 200, "unsupervised": 100}
 FILLER = ["the", "a", "of", "and", "it", "was", "this", "that", "with", "for", "on", "is", "very", "just",
           "really", "about", "some", "more", "one", "all"]
 
@@ -139,7 +136,7 @@ def split_rows(card: Card, split: str) -> dict[str, list]:
     """The rows of one split: labels cycle through the classes (-1 for unlabelled splits)."""
     rng = random.Random(f"{card.repo_id}/{split}")
     names = dict(card.features)[card.label]
-    n = card.rows.get(split, ROWS[split])
+    n = ROWS[split]
     labels = [i % len(names) for i in range(n)]
     rng.shuffle(labels)
     cols: dict[str, list] = {}
@@ -167,7 +164,7 @@ def _parquet(card: Card, split: str) -> bytes:
     return buf.getvalue()
 
 
-def _card_yaml(card: Card, sizes: dict[str, int], with_configs: bool) -> dict:
+def _card_meta(card: Card, sizes: dict[str, int], with_configs: bool) -> dict:
     feats = []
     for name, kind in card.features:
         if isinstance(kind, list):
@@ -175,7 +172,7 @@ def _card_yaml(card: Card, sizes: dict[str, int], with_configs: bool) -> dict:
         else:
             feats.append({"name": name, "dtype": kind})
     info = {"config_name": card.config, "features": feats,
-            "splits": [{"name": s, "num_bytes": sizes[s], "num_examples": card.rows.get(s, ROWS[s])}
+            "splits": [{"name": s, "num_bytes": sizes[s], "num_examples": ROWS[s]}
                        for s in card.files]}
     meta: dict = {"pretty_name": card.repo_id.split("/")[1], "dataset_info": info}
     if with_configs:
@@ -186,7 +183,8 @@ def _card_yaml(card: Card, sizes: dict[str, int], with_configs: bool) -> dict:
 
 
 def _readme(meta: dict, title: str) -> bytes:
-    return ("---\n" + yaml.safe_dump(meta, sort_keys=False) + f"---\n\n# {title}\n\nLocal test fixture.\n").encode()
+    """A card: the metadata header (JSON, which is YAML too), then the text."""
+    return ("---\n" + json.dumps(meta, indent=2) + f"\n---\n\n# {title}\n\nLocal test fixture.\n").encode()
 
 
 GITATTRIBUTES = b"*.parquet filter=lfs diff=lfs merge=lfs -text\n"
@@ -201,12 +199,12 @@ def build_repos(cards: dict[str, Card] = CARDS) -> dict[str, dict[str, dict[str,
         name = rid.split("/")[1]
         if card.parquet_branch:
             script = f"# {name}.py: a loading script (datasets>=4 cannot run it)\nimport datasets\n".encode()
-            main = {".gitattributes": GITATTRIBUTES, "README.md": _readme(_card_yaml(card, sizes, False), name),
+            main = {".gitattributes": GITATTRIBUTES, "README.md": _readme(_card_meta(card, sizes, False), name),
                     f"{name}.py": script}
             repos[rid] = {"main": main, PARQUET_REF: {".gitattributes": GITATTRIBUTES, **data}}
         else:
             repos[rid] = {"main": {".gitattributes": GITATTRIBUTES,
-                                   "README.md": _readme(_card_yaml(card, sizes, card.card_configs), name), **data}}
+                                   "README.md": _readme(_card_meta(card, sizes, card.card_configs), name), **data}}
     return repos
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from huggingface_hub import HfApi, hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
-from serve import CARDS, PARQUET_REF, class_words, split_rows
+from serve import CARDS, PARQUET_REF, ROWS, class_words, split_rows
 
 from identifiable_transformers.data import KNOWN_DATASETS
 
@@ -47,7 +47,7 @@ def test_fixture_rows_are_learnable_and_deterministic():
         words = text.split()
         assert sum(w in class_words(k) for w in words) == 3
         assert not any(w in class_words(j) for j in range(4) if j != k for w in words)
-    assert split_rows(CARDS["stanfordnlp/sst2"], "test")["label"] == [-1] * 80
+    assert split_rows(CARDS["stanfordnlp/sst2"], "test")["label"] == [-1] * ROWS["test"]
 
 
 def test_server_speaks_the_hub_api(local_hub, tmp_path, monkeypatch):

@@ -84,7 +84,7 @@ def test_http_endpoint_goes_through_http_proxy_with_credentials(endpoint, monkey
         monkeypatch.setenv("HTTP_PROXY", proxy.url.replace("http://", "http://me:s%40cret@"))
         assert S.hub_reachable(1.0)
         method, path, headers = proxy.seen[0]
-        assert (method, path) == ("HEAD", f"http://{UNREACHABLE}:{local_hub.port}")
+        assert (method, path) == ("HEAD", f"http://{UNREACHABLE}:{local_hub.port}/")
         assert headers["Proxy-Authorization"] == "Basic " + base64.b64encode(b"me:s@cret").decode()
     assert local_hub.requests  # the proxy forwarded the probe to the endpoint
 

@@ -306,17 +306,17 @@ def proxy_reachable(proxy: str, url: str, timeout: float = 2.0) -> bool | None:
         auth = f"Proxy-Authorization: Basic {cred}\r\n"
     if u.scheme == "https":
         request = f"CONNECT {u.hostname}:{target_port} HTTP/1.1\r\nHost: {u.hostname}:{target_port}\r\n{auth}\r\n"
-        ok = lambda status: 200 <= status < 300  # noqa: E731
+        good = range(200, 300)
     else:
-        request = f"HEAD {url} HTTP/1.1\r\nHost: {u.netloc}\r\n{auth}Connection: close\r\n\r\n"
-        ok = lambda status: 0 < status < 500  # noqa: E731
+        request = f"HEAD {url.rstrip('/')}/ HTTP/1.1\r\nHost: {u.netloc}\r\n{auth}Connection: close\r\n\r\n"
+        good = range(100, 500)
 
     def probe() -> bool:
         with socket.create_connection((p.hostname, p.port or (443 if p.scheme == "https" else 80)), timeout=timeout) as s:
             if p.scheme == "https":
                 s = ssl.create_default_context().wrap_socket(s, server_hostname=p.hostname)
             s.sendall(request.encode())
-            return ok(_read_status(s))
+            return _read_status(s) in good
 
     return _bounded(probe, timeout)
 
@@ -379,7 +379,7 @@ PARQUET_BRANCH = "refs/convert/parquet"
 
 def _hint(hub_id: str, revision: str | None, e: Exception) -> str:
     """What to do about a failed hub load, for the failures whose cause is known."""
-    tree = f"https://huggingface.co/datasets/{hub_id}/tree/{PARQUET_BRANCH.replace('/', '%2F')}"
+    tree = f"{hub_endpoint()}/datasets/{hub_id}/tree/{PARQUET_BRANCH.replace('/', '%2F')}"
     if "Dataset scripts are no longer supported" in str(e):
         return (f"The repo holds a loading script at this revision, which datasets>=4 cannot run; the hub's "
                 f"parquet conversion of it may be read instead: data.hub_revision={PARQUET_BRANCH} (see {tree}). ")

@@ -13,7 +13,7 @@ import sys
 from collections import Counter
 
 import pytest
-from conftest import hub_env, train
+from hub_helpers import hub_env, train
 from serve import CARDS, PARQUET_REF, ROWS, LocalHub, build_repos, split_rows
 
 from identifiable_transformers.data import KNOWN_DATASETS

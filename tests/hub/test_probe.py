@@ -8,7 +8,7 @@ import socket
 import time
 
 import pytest
-from conftest import hub_env, train
+from hub_helpers import hub_env, train
 from fake_proxy import FakeProxy
 
 from identifiable_transformers.data import sources as S

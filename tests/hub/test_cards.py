@@ -3,6 +3,13 @@ repos of tests/hub/serve.py record the cards; and the fixture server's hub API."
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
 import pytest
 from huggingface_hub import HfApi, hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
@@ -77,3 +84,17 @@ def test_server_speaks_the_hub_api(local_hub, tmp_path, monkeypatch):
     with pytest.raises(EntryNotFoundError):
         hf_hub_download("fancyzhx/ag_news", "nope.txt", repo_type="dataset", endpoint=local_hub.url,
                         cache_dir=tmp_path, token=False)
+
+
+def test_serve_py_runs_as_a_command():
+    serve = Path(__file__).with_name("serve.py")
+    proc = subprocess.Popen([sys.executable, str(serve), "--port", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        banner = proc.stdout.readline()
+        url = re.search(r"HF_ENDPOINT=(http://127\.0\.0\.1:\d+)", banner).group(1)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # straight to 127.0.0.1
+        with opener.open(f"{url}/api/datasets/stanfordnlp/sst2", timeout=10) as r:
+            assert json.load(r)["id"] == "stanfordnlp/sst2"
+    finally:
+        proc.terminate()
+        proc.wait(10)

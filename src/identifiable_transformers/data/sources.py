@@ -5,16 +5,19 @@ normalisation (text joining, label ids, splits) happens in :mod:`.prepare`.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import importlib.util
 import logging
 import os
 import socket
+import ssl
 import threading
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 import pandas as pd
 
@@ -229,31 +232,114 @@ def read_package(subset: str) -> RawSplit:
 
 
 # --------------------------------------------------------------------------- hub
-def host_reachable(host: str, port: int = 443, timeout: float = 2.0) -> bool:
-    """Quick TCP connect; a thread bounds the whole probe, DNS included, by about ``timeout``."""
+def _bounded(probe, timeout: float) -> bool:
+    """Run ``probe()`` in a thread; False unless it returns True within about ``timeout`` seconds."""
     result: list[bool] = []
 
-    def probe() -> None:
+    def run() -> None:
         try:
-            with socket.create_connection((host, port), timeout=timeout):
-                result.append(True)
+            result.append(bool(probe()))
         except OSError:
             result.append(False)
 
-    t = threading.Thread(target=probe, daemon=True)
+    t = threading.Thread(target=run, daemon=True)
     t.start()
     t.join(timeout + 0.5)
     return bool(result and result[0])
 
 
-def hub_reachable(timeout: float = 2.0) -> bool:
-    """Quick TCP connect to the hub endpoint."""
+def host_reachable(host: str, port: int = 443, timeout: float = 2.0) -> bool:
+    """Quick TCP connect; a thread bounds the whole probe, DNS included, by about ``timeout``."""
+
+    def probe() -> bool:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+
+    return _bounded(probe, timeout)
+
+
+def proxy_for(url: str) -> str | None:
+    """The proxy HTTP clients (httpx, requests, urllib) use for ``url``: the ``HTTPS_PROXY`` /
+    ``HTTP_PROXY`` / ``ALL_PROXY`` variables (either case), unless ``NO_PROXY`` exempts the host."""
+    u = urlparse(url)
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(u.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass(u.hostname or ""):
+        return None
+    return proxy
+
+
+def _read_status(sock: socket.socket) -> int:
+    """The status code of the HTTP response on ``sock`` (reads at most 4 KiB)."""
+    data = b""
+    while b"\r\n" not in data and len(data) < 4096:
+        chunk = sock.recv(4096 - len(data))
+        if not chunk:
+            break
+        data += chunk
+    parts = data.split(b"\r\n", 1)[0].split()
+    return int(parts[1]) if len(parts) >= 2 and parts[0].startswith(b"HTTP/") and parts[1].isdigit() else 0
+
+
+def _proxy_url(proxy: str):
+    return urlparse(proxy if "://" in proxy else f"http://{proxy}")
+
+
+def _proxy_address(proxy: str) -> str:
+    """host:port of a proxy URL, without its credentials (for messages)."""
+    p = _proxy_url(proxy)
+    return f"{p.hostname}:{p.port}" if p.port else str(p.hostname)
+
+
+def proxy_reachable(proxy: str, url: str, timeout: float = 2.0) -> bool | None:
+    """Ask an HTTP proxy whether it reaches ``url``'s host: ``CONNECT host:port`` for https
+    (True on 2xx), ``HEAD url`` for http (True below 500). None when the proxy is not an
+    http(s):// one (e.g. socks5://), which this probe cannot speak."""
+    p = _proxy_url(proxy)
+    if p.scheme not in ("http", "https") or not p.hostname:
+        return None
+    u = urlparse(url)
+    target_port = u.port or (443 if u.scheme == "https" else 80)
+    auth = ""
+    if p.username:
+        cred = base64.b64encode(f"{unquote(p.username)}:{unquote(p.password or '')}".encode()).decode()
+        auth = f"Proxy-Authorization: Basic {cred}\r\n"
+    if u.scheme == "https":
+        request = f"CONNECT {u.hostname}:{target_port} HTTP/1.1\r\nHost: {u.hostname}:{target_port}\r\n{auth}\r\n"
+        good = range(200, 300)
+    else:
+        request = f"HEAD {url.rstrip('/')}/ HTTP/1.1\r\nHost: {u.netloc}\r\n{auth}Connection: close\r\n\r\n"
+        good = range(100, 500)
+
+    def probe() -> bool:
+        with socket.create_connection((p.hostname, p.port or (443 if p.scheme == "https" else 80)), timeout=timeout) as s:
+            if p.scheme == "https":
+                s = ssl.create_default_context().wrap_socket(s, server_hostname=p.hostname)
+            s.sendall(request.encode())
+            return _read_status(s) in good
+
+    return _bounded(probe, timeout)
+
+
+def hub_endpoint() -> str:
     try:
         from huggingface_hub import constants
 
-        endpoint = constants.ENDPOINT
+        return constants.ENDPOINT
     except Exception:  # pragma: no cover
-        endpoint = "https://huggingface.co"
+        return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+
+
+def hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the hub endpoint (``HF_ENDPOINT``) answers, probed the way downloads will go:
+    through the proxy the environment names for it (a direct connect fails behind many
+    cluster proxies although downloads work), else by a direct TCP connect. With a proxy this
+    probe cannot speak (socks), it answers True and the hub client's own timeouts apply."""
+    endpoint = hub_endpoint()
+    proxy = proxy_for(endpoint)
+    if proxy:
+        via = proxy_reachable(proxy, endpoint, timeout)
+        return True if via is None else via
     u = urlparse(endpoint)
     host, port = u.hostname or "huggingface.co", u.port or (443 if u.scheme == "https" else 80)
     return host_reachable(host, port, timeout)
@@ -288,6 +374,23 @@ def hf_offline_mode() -> Iterator[None]:
                 os.environ[k] = v
 
 
+PARQUET_BRANCH = "refs/convert/parquet"
+
+
+def _hint(hub_id: str, revision: str | None, e: Exception) -> str:
+    """What to do about a failed hub load, for the failures whose cause is known."""
+    tree = f"{hub_endpoint()}/datasets/{hub_id}/tree/{PARQUET_BRANCH.replace('/', '%2F')}"
+    if "Dataset scripts are no longer supported" in str(e):
+        return (f"The repo holds a loading script at this revision, which datasets>=4 cannot run; the hub's "
+                f"parquet conversion of it may be read instead: data.hub_revision={PARQUET_BRANCH} (see {tree}). ")
+    if revision == PARQUET_BRANCH:
+        return (f"This dataset is read from the hub's automatic parquet conversion (branch {PARQUET_BRANCH}), "
+                f"which may be missing, not yet finished or laid out differently: look at {tree}; pin "
+                "data.hub_revision to a commit of that branch that works, or download the data once, convert "
+                "it to CSV/parquet and use data=local. ")
+    return "Check the id, config and revision on huggingface.co. "
+
+
 def load_hub(
     hub_id: str,
     hub_config: str | None = None,
@@ -307,7 +410,10 @@ def load_hub(
         kwargs["cache_dir"] = os.path.expanduser(cache_dir)
     ctx = hf_offline_mode() if offline else contextlib.nullcontext()
     if offline:
-        log.warning("Hugging Face hub unreachable (or offline mode set): loading %r from the local cache only", hub_id)
+        proxy = proxy_for(hub_endpoint())
+        via = f" through the proxy {_proxy_address(proxy)}" if proxy else ""
+        log.warning("Hugging Face hub %s unreachable%s (or offline mode set): loading %r from the local cache only",
+                    hub_endpoint(), via, hub_id)
     try:
         with ctx:
             dd = datasets.load_dataset(hub_id, hub_config, **kwargs)
@@ -319,8 +425,8 @@ def load_hub(
                 + REMEDIES.format(name=name)
             ) from e
         raise DataUnavailableError(
-            f"hub_id={hub_id!r} (config={hub_config!r}) failed to load: {type(e).__name__}: {e}. "
-            "Check the id/config on huggingface.co. " + REMEDIES.format(name=name)
+            f"hub_id={hub_id!r} (config={hub_config!r}, revision={revision or 'main'!r}) failed to load from "
+            f"{hub_endpoint()}: {type(e).__name__}: {e}. {_hint(hub_id, revision, e)}" + REMEDIES.format(name=name)
         ) from e
     if not isinstance(dd, datasets.DatasetDict):
         dd = datasets.DatasetDict({"train": dd})

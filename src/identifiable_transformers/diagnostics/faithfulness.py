@@ -436,10 +436,12 @@ def adversarial_attention(
     """Largest TV from the real attention found at a fixed prediction, per example and head: (B, H).
 
     For each head of the last layer separately, projected gradient ascent (``restarts`` seeded starts,
-    ``steps`` steps each) over the rows that reach the classifier -- the ``<cls>`` query's row with
-    cls pooling, every real query row with mean pooling (TV then averaged over those rows) -- on the
-    simplex over the real keys, maximising TV(A', A) - (1/eps) * relu(JSD(p', p) - eps), with
-    p' the prediction when the head's rows are A' (via ``override_attention``). Only iterates with
+    ``steps`` steps each, step size ``lr`` decaying linearly to lr/10) over the rows that reach the
+    classifier -- the ``<cls>`` query's row with cls pooling, every real query row with mean pooling
+    (TV then averaged over those rows) -- on the simplex over the real keys, maximising
+    TV(A', A) - (10/eps) * relu(JSD(p', p) - 0.9 eps), with p' the prediction when the head's rows are A'
+    (via ``override_attention``; JSD in nats). Restart 0 starts at the vertex of the least attended
+    key, odd restarts at a random key's vertex, even ones between A and a random point. Only iterates with
     JSD <= eps count; the real A (TV 0) is always feasible, so the result is in [0, 1] and a lower
     bound on the true maximum. ``return_details`` adds the best rows (B, H, T, T) and their JSD.
     """
@@ -466,12 +468,19 @@ def adversarial_attention(
         sel = (F.one_hot(h_of, H).bool()[:, :, None, None] & q_e[:, None, :, None])  # (E, H, T, 1)
         key = mask_e[:, None, :]  # (E, 1, T)
 
+        # Starts (TV is convex, so its maxima sit at vertices and plain ascent stalls on faces): restart 0
+        # at the vertex of each row's least attended key (the largest TV there is), odd restarts at a random
+        # real key's vertex, the other even ones halfway between A and a random point of the simplex.
         g = torch.Generator().manual_seed(seed)
+        r_of = torch.arange(R, device=ids.device).repeat(B * H)
+        far = torch.where(key, a0, torch.full_like(a0, math.inf)).argmin(-1)  # (E, T)
+        rand_key = torch.where(key, torch.rand(E, 1, T, generator=g).to(ids.device), torch.full_like(a0, -1.0))
+        vertex = F.one_hot(torch.where((r_of == 0)[:, None], far, rand_key.argmax(-1)), T).to(a0.dtype)
         dirichlet = -torch.rand(E, T, T, generator=g).clamp_min(1e-12).log().to(ids.device)
         dirichlet = torch.where(key, dirichlet, torch.zeros_like(dirichlet))
-        dirichlet = dirichlet / dirichlet.sum(-1, keepdim=True)
-        mix = torch.linspace(0.25, 1.0, R, device=ids.device).repeat(B * H)[:, None, None]
-        x = (1 - mix) * a0 + mix * dirichlet
+        dirichlet = 0.5 * a0 + 0.5 * dirichlet / dirichlet.sum(-1, keepdim=True)
+        x = torch.where((r_of % 2 == 1)[:, None, None] | (r_of == 0)[:, None, None], vertex, dirichlet)
+        x = torch.where(q_e[:, :, None], x, a0)
 
         def hook(layer: int, w: Tensor, _m) -> Tensor:
             return torch.where(sel, x_cur[:, None], w) if layer == L - 1 else w
@@ -494,9 +503,11 @@ def adversarial_attention(
                 best_x = torch.where(better[:, None, None], x_cur.detach(), best_x)
                 if it == steps:
                     break
-                obj = tv - torch.relu(jsd - eps) / eps
+                # The penalty aims a little inside the constraint so that iterates near it are feasible.
+                obj = tv - 10.0 * torch.relu(jsd - 0.9 * eps) / eps
                 (grad,) = torch.autograd.grad(obj.sum(), x_cur)
-                x = project_simplex(x_cur.detach() + lr * grad, key)
+                step = lr * (1.0 - 0.9 * it / max(steps, 1))  # linear decay to lr / 10
+                x = project_simplex(x_cur.detach() + step * grad, key)
                 x = torch.where(q_e[:, :, None], x, a0)
         tv_bh = best.view(B, H, R).amax(-1)
         if not return_details:

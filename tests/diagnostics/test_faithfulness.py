@@ -53,10 +53,12 @@ def _marked_batch(B=8, n=9, seed=0):
     return ids, torch.ones_like(ids, dtype=torch.bool), where
 
 
-def _random_model(head_combine="concat", pooling="cls", positional="none", layers=1, seed=0):
+def _random_model(head_combine="concat", pooling="cls", positional="none", layers=1, seed=0, norm_first=False):
+    """One layer with cls pooling takes the library's one-layer shortcut; more layers or mean pooling do not."""
     torch.manual_seed(seed)
     return TransformerClassifier(30, 3, embed_dim=8, num_heads=2, key_dim=2, head_combine=head_combine, ffn_dim=16,
-                                 num_layers=layers, pooling=pooling, positional=positional, dropout=0.1).eval()
+                                 num_layers=layers, pooling=pooling, positional=positional, dropout=0.1,
+                                 norm_first=norm_first).eval()
 
 
 def _random_batch(B=5, T=9, seed=0):
@@ -171,8 +173,11 @@ def test_effective_equals_attention_when_identifiable_and_differs_when_not():
 # ------------------------------------------------------------------------------- erasure semantics
 @pytest.mark.parametrize("head_combine", ["concat", "add"])
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
-def test_loo_equals_running_the_shorter_sequence(head_combine, pooling):
-    model = _random_model(head_combine=head_combine, pooling=pooling, layers=2)
+@pytest.mark.parametrize("layers,norm_first", [(1, False), (1, True), (2, False)])
+@pytest.mark.parametrize("positional", ["none", "learned"])
+def test_loo_equals_running_the_shorter_sequence(head_combine, pooling, layers, norm_first, positional):
+    model = _random_model(head_combine=head_combine, pooling=pooling, layers=layers, norm_first=norm_first,
+                          positional=positional)
     ids, mask = _random_batch()
     loo = F.explain(model, ids, mask, ["loo"])["loo"]
     for b in range(ids.shape[0]):
@@ -181,13 +186,20 @@ def test_loo_equals_running_the_shorter_sequence(head_combine, pooling):
         pred = _argmax(model, seq)
         p = _prob_of(model, seq, pred)
         for j in range(1, n):
-            shorter = torch.cat([seq[:j], seq[j + 1 :]])
-            assert float(loo[b, j]) == pytest.approx(p - _prob_of(model, shorter, pred), abs=1e-5)
+            if positional == "none":  # the truly shorter sequence, run by itself
+                ref = _prob_of(model, torch.cat([seq[:j], seq[j + 1 :]]), pred)
+            else:  # learned positions stay with their slots: the one sequence without j's key, by itself
+                keep = torch.ones(n, dtype=torch.bool)
+                keep[j] = False
+                with torch.no_grad():
+                    ref = float(model(seq[None], keep[None]).logits.softmax(-1)[0, pred])
+            assert float(loo[b, j]) == pytest.approx(p - ref, abs=1e-5)
 
 
 @pytest.mark.parametrize("head_combine", ["concat", "add"])
-def test_erasure_metrics_against_explicit_loops(head_combine):
-    model = _random_model(head_combine=head_combine, layers=2)
+@pytest.mark.parametrize("layers", [1, 2])
+def test_erasure_metrics_against_explicit_loops(head_combine, layers):
+    model = _random_model(head_combine=head_combine, layers=layers)
     ids, mask = _random_batch()
     g = torch.Generator().manual_seed(1)
     scores = torch.randn(ids.shape, generator=g)
@@ -385,8 +397,9 @@ def test_adversarial_attention_when_the_output_ignores_attention():
     assert (res["jsd"] <= 1e-6).all()
 
 
-def test_adversarial_attention_keeps_the_prediction():
-    model = _random_model(head_combine="add", layers=2)
+@pytest.mark.parametrize("layers", [1, 2])
+def test_adversarial_attention_keeps_the_prediction(layers):
+    model = _random_model(head_combine="add", layers=layers)
     with torch.no_grad():
         model.head.weight.mul_(5.0)  # a sharp classifier: attention changes move the prediction
     ids, mask = _random_batch(B=3)
@@ -401,7 +414,7 @@ def test_adversarial_attention_keeps_the_prediction():
             rows = res["rows"][b, h]
 
             def hook(layer, w, m, rows=rows, h=h):
-                if layer != 1:
+                if layer != layers - 1:
                     return w
                 w = w.clone()
                 w[0, h, 0] = rows[0]

@@ -108,20 +108,73 @@ def _logits(model, input_ids: Tensor, mask: Tensor) -> Tensor:
     return model(input_ids, mask).logits
 
 
+class _ClsReadout:
+    """Exact shortcut for one-layer models with cls pooling (the default model): the prediction reads only
+    the ``<cls>`` output, which depends on the other tokens only through the ``<cls>`` query's attention row.
+
+    Erasure never changes a remaining token's embedding (positions stay), so queries, keys and values
+    are computed once per example; each masked copy then costs one softmax over its keys and one
+    weighted sum, instead of a full forward over all positions. Layer arithmetic mirrors
+    ``EncoderLayer.forward`` for position 0 (tests compare it with running the shorter sequence).
+    """
+
+    def __init__(self, model, input_ids: Tensor):
+        layer = model.layers[0]
+        self.model, self.layer, self.attn = model, layer, layer.attn
+        x, _ = model._embed(input_ids, None)  # (B, T, d); eval mode: no dropout
+        q, k, v = self.attn._project(layer.attention_input(x))
+        self.x0 = x[:, :1]  # (B, 1, d)
+        self.scores = (q[:, :, :1] @ k.transpose(-2, -1)).squeeze(2) / math.sqrt(self.attn.key_dim)  # (B, H, T)
+        self.v = v  # (B, H, T, dv)
+
+    @staticmethod
+    def applies(model) -> bool:
+        return model.num_layers == 1 and model.pooling == "cls"
+
+    def weights(self, example: Tensor, masks: Tensor) -> Tensor:
+        """The <cls> query's attention row of each masked copy: (S,) and (S, T) -> (S, H, T)."""
+        return self.scores[example].masked_fill(~masks[:, None, :], -math.inf).softmax(-1)
+
+    def logits(self, example: Tensor, weights: Tensor) -> Tensor:
+        """Logits when the <cls> query of copy s (of example ``example[s]``) attends with ``weights[s]`` (S, H, T)."""
+        heads = weights.new_empty(*weights.shape[:2], self.v.shape[-1])  # (S, H, dv)
+        for b in example.unique().tolist():  # one batched matmul per example: no (S, H, T, dv) gather
+            rows = (example == b).nonzero().flatten()
+            heads[rows] = torch.einsum("sht,htv->shv", weights[rows], self.v[b])
+        return self._finish(example, heads)
+
+    def _finish(self, example: Tensor, heads: Tensor) -> Tensor:
+        layer, attn = self.layer, self.attn
+        a = attn.out_proj(attn._combine(heads.unsqueeze(2)))  # (S, 1, d)
+        x = self.x0[example]
+        if layer.norm_first:
+            x = x + layer.dropout(a)
+            x = x + layer._ffn(layer.norm2(x))
+        else:
+            x = layer.norm1(x + layer.dropout(a))
+            x = layer.norm2(x + layer._ffn(x))
+        return self.model.head(self.model.final_norm(x)[:, 0])
+
+
 def _masked_probs(model, input_ids: Tensor, example: Tensor, masks: Tensor) -> Tensor:
     """Class probabilities of example ``example[s]`` seen through ``masks[s]``: (S,) and (S, T) -> (S, C).
 
-    Rows are processed in order in chunks; each chunk is cut to its last real position, so
-    examples sorted by length waste little on padding.
+    One-layer cls-pooling models use the exact ``_ClsReadout`` shortcut. Otherwise rows run through the
+    model in order, in chunks, each cut to its last real position, so examples sorted by length waste
+    little on padding.
     """
     out = []
     T = input_ids.shape[1]
-    step = max(1, _CHUNK_TOKENS // max(T, 1))
     with torch.no_grad():
-        for i in range(0, masks.shape[0], step):
-            m = masks[i : i + step]
-            t = int(m.any(0).nonzero().max()) + 1
-            out.append(model(input_ids[example[i : i + step], :t], m[:, :t]).logits.float().softmax(-1))
+        if _ClsReadout.applies(model):
+            readout = _ClsReadout(model, input_ids)
+            out.append(readout.logits(example, readout.weights(example, masks)).float().softmax(-1))
+        else:
+            step = max(1, _CHUNK_TOKENS // max(T, 1))
+            for i in range(0, masks.shape[0], step):
+                m = masks[i : i + step]
+                t = int(m.any(0).nonzero().max()) + 1
+                out.append(model(input_ids[example[i : i + step], :t], m[:, :t]).logits.float().softmax(-1))
     return torch.cat(out) if out else masks.new_zeros(0, 0, dtype=torch.float32)
 
 
@@ -178,12 +231,13 @@ def _effective(model, last, mask: Tensor) -> Tensor:
     # T in float64 from float64 factors, as identifiability does: a float32 product has rank noise.
     T_all = torch.einsum("bhtv,hvd->bhtd", last.values.double(), last.out_proj.double())  # (B, H, T, d)
     scores = torch.zeros(B, T, dtype=torch.float64, device=mask.device)
+    A_all = last.attention.double()
     for n in lengths.unique().tolist():
         idx = (lengths == n).nonzero().flatten()
         p = pos[idx, :n]  # (k, n)
         H = last.attention.shape[1]
         pa = p[:, None, :, None].expand(-1, H, -1, T)
-        A = last.attention.double()[idx].gather(2, pa).gather(3, p[:, None, None, :].expand(-1, H, n, -1))  # (k, H, n, n)
+        A = A_all[idx].gather(2, pa).gather(3, p[:, None, None, :].expand(-1, H, n, -1))  # (k, H, n, n)
         Tm = T_all[idx].gather(2, p[:, None, :, None].expand(-1, H, -1, T_all.shape[-1]))  # (k, H, n, d)
         eff = effective_attention(A, Tm)  # (k, H, n, n) float64
         row = eff[:, :, 0, :] if model.pooling == "cls" else eff.mean(-2)  # real query 0 is <cls>
@@ -485,8 +539,18 @@ def adversarial_attention(
         def hook(layer: int, w: Tensor, _m) -> Tensor:
             return torch.where(sel, x_cur[:, None], w) if layer == L - 1 else w
 
+        readout = None
+        if _ClsReadout.applies(model):  # the exact shortcut: only the <cls> row of the one layer matters
+            with torch.no_grad():
+                readout = _ClsReadout(model, ids)
+                w_e = readout.weights(b_of, mask_e)  # (E, H, T)
+            head_e = F.one_hot(h_of, H).bool()[:, :, None]  # (E, H, 1)
+
         def evaluate(x_in):
-            logits = model(ids_e, mask_e).logits.float()
+            if readout is not None:
+                logits = readout.logits(b_of, torch.where(head_e, x_in[:, None, 0], w_e)).float()
+            else:
+                logits = model(ids_e, mask_e).logits.float()
             jsd = _jsd(logits.softmax(-1), p0_e)
             tv = (0.5 * (x_in - a0).abs().sum(-1) * q_e).sum(-1) / nq
             return tv, jsd

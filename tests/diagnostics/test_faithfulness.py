@@ -428,3 +428,23 @@ def test_adversarial_attention_keeps_the_prediction(layers):
             n = int(mask[b].sum())
             assert float(rows[0, :n].sum()) == pytest.approx(1.0, abs=1e-5) and (rows[0] >= 0).all()
             assert float(0.5 * (rows[0] - A[b, h, 0]).abs().sum()) == pytest.approx(float(tv[b, h]), abs=1e-5)
+            # At least as far as a brute-force search along the segments from A to every vertex.
+            a = A[b, h, 0, :n]
+            t = torch.linspace(0.02, 1.0, 50)
+            cand = ((1 - t[:, None, None]) * a + t[:, None, None] * torch.eye(n)).reshape(-1, n)  # (50 n, n)
+
+            def brute(layer, w, m, cand=cand, h=h):
+                if layer != layers - 1:
+                    return w
+                w = w.clone()
+                w[:, h, 0, :n] = cand
+                return w
+
+            with override_attention(model, brute):
+                p = model(ids[b : b + 1, :n].expand(len(cand), -1)).logits.softmax(-1).double()
+            q = p0[b].double().expand_as(p)
+            m = 0.5 * (p + q)
+            jsd = 0.5 * (p * (p / m).log()).sum(-1) + 0.5 * (q * (q / m).log()).sum(-1)
+            line_tv = 0.5 * (cand - a).abs().sum(-1)
+            assert float(tv[b, h]) >= float(line_tv[jsd <= eps].max()) - 1e-6
+    assert (tv > 0.05).all()

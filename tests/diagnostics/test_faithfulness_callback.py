@@ -34,7 +34,8 @@ def test_training_logs_faithfulness_and_writes_explanations(make_cfg, tmp_path):
             assert len(ex["scores"][e][i]) == n and ex["scores"][e][i][0] == 0.0
     per_epoch = json.loads((ident / "epoch_001" / "faith_metrics.json").read_text())
     # the logged value went through float32
-    assert per_epoch["val/faith/attention/comprehensiveness"] == pytest.approx(m["val/faith/attention/comprehensiveness"])
+    key = "val/faith/attention/comprehensiveness"
+    assert per_epoch[key] == pytest.approx(m[key])
     assert (ident / "epoch_000" / "faith_metrics.json").is_file()
     final = json.loads((ident / "faithfulness_final.json").read_text())
     assert final["indices"] == probe["indices"] and len(final["ig_scores"]) == len(probe["indices"])

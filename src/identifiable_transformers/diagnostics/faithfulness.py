@@ -180,7 +180,7 @@ def _masked_probs(model, input_ids: Tensor, example: Tensor, masks: Tensor) -> T
 
 def _order(scores: Tensor, mask: Tensor) -> Tensor:
     """Positions by decreasing score (ties: lower position first); non-scorable positions last."""
-    s = torch.where(_scorable(mask), scores.double(), torch.tensor(-math.inf, dtype=torch.float64, device=scores.device))
+    s = torch.where(_scorable(mask), scores.double(), torch.full_like(scores, -math.inf, dtype=torch.float64))
     return torch.sort(s, dim=1, descending=True, stable=True).indices
 
 
@@ -232,10 +232,10 @@ def _effective(model, last, mask: Tensor) -> Tensor:
     T_all = torch.einsum("bhtv,hvd->bhtd", last.values.double(), last.out_proj.double())  # (B, H, T, d)
     scores = torch.zeros(B, T, dtype=torch.float64, device=mask.device)
     A_all = last.attention.double()
+    H = A_all.shape[1]
     for n in lengths.unique().tolist():
         idx = (lengths == n).nonzero().flatten()
         p = pos[idx, :n]  # (k, n)
-        H = last.attention.shape[1]
         pa = p[:, None, :, None].expand(-1, H, -1, T)
         A = A_all[idx].gather(2, pa).gather(3, p[:, None, None, :].expand(-1, H, n, -1))  # (k, H, n, n)
         Tm = T_all[idx].gather(2, p[:, None, :, None].expand(-1, H, -1, T_all.shape[-1]))  # (k, H, n, d)

@@ -192,6 +192,7 @@ class FaithfulnessCallback(pl.Callback):
                                        steps=self.adversarial["steps"], restarts=self.adversarial["restarts"],
                                        seed=self.seed).cpu()  # (k, H)
             metrics[f"{PREFIX}/final/adversarial_tv"] = float(tv.mean())
+            metrics[f"{PREFIX}/final/adversarial_tv_max"] = float(tv.max())
             for h in range(tv.shape[1]):
                 metrics[f"{PREFIX}/final/adversarial_tv/h{h}"] = float(tv[:, h].mean())
             examples["adversarial"] = {"positions": pos, "indices": [int(probe["indices"][p]) for p in pos],

@@ -10,12 +10,13 @@ Measured side by side in one process, on the same CPU/GPU:
 Lengths are synthetic (a clipped log-normal with the Rotten Tomatoes median ~22 tokens) so the
 benchmark needs no data download. Usage:
 
-    python bench/bench_diagnostics.py [--examples 6800] [--repeats 3] [--device cpu|cuda]
+    python bench/bench_diagnostics.py [--examples 6800] [--repeats 3] [--device cpu|cuda] [--no-final]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,8 @@ import torch.nn.functional as F
 
 from identifiable_transformers.diagnostics import attention_identifiability
 from identifiable_transformers.diagnostics.callback import _render, select_probe_indices
+from identifiable_transformers.diagnostics.faithfulness import (CHEAP_EXPLAINERS, adversarial_attention,
+                                                                faithfulness_report, integrated_gradients)
 from identifiable_transformers.models import TransformerClassifier
 
 VOCAB = 20_000
@@ -84,6 +87,26 @@ def diagnostics_pass(model, ids, mask) -> tuple[tuple[float, float], dict]:
     return (c.wall, c.cpu), rep
 
 
+def faithfulness_pass(model, ids, mask, labels) -> tuple[float, float]:
+    """What FaithfulnessCallback computes each epoch."""
+    _sync(str(ids.device))
+    with _Clock() as c:
+        faithfulness_report(model, ids, mask, labels, explainers=CHEAP_EXPLAINERS)
+        _sync(str(ids.device))
+    return c.wall, c.cpu
+
+
+def faithfulness_final(model, ids, mask) -> tuple[float, float]:
+    """FaithfulnessCallback's end-of-fit tier with its defaults (32 IG steps; 8 examples, 300 steps, 4 restarts)."""
+    _sync(str(ids.device))
+    with _Clock() as c:
+        integrated_gradients(model, ids, mask, n_steps=32)
+        sel = torch.tensor(sorted({int(round(q)) for q in np.linspace(0, ids.shape[0] - 1, 8)}), device=ids.device)
+        adversarial_attention(model, ids[sel], mask[sel], steps=300, restarts=4)
+        _sync(str(ids.device))
+    return c.wall, c.cpu
+
+
 def plot_job(model, rep, out_dir: Path) -> dict:
     """The callback's render job: the null-dim plot and 3 heatmap figures (num_plot_examples=3)."""
     examples = []
@@ -105,19 +128,24 @@ def main() -> None:
     p.add_argument("--examples", type=int, default=6800)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--no-final", action="store_true", help="skip the (slow) end-of-fit faithfulness tier")
     args = p.parse_args()
     rng = np.random.default_rng(0)
     train_lengths = _lengths(args.examples, rng)
     val_lengths = _lengths(2000, rng)
     probe = select_probe_indices(val_lengths, 64, seed=0)
     ids, mask = _batch(val_lengths[probe], rng, args.device)
+    ids[:, 0] = 2  # <cls> first, as the data module writes it
+    labels = torch.randint(0, 2, (ids.shape[0],), device=args.device)
     print(f"device={args.device} threads={torch.get_num_threads()} train examples={args.examples} "
           f"(mean length {train_lengths.mean():.1f}); probe 64 examples, lengths {val_lengths[probe].min()}-"
           f"{val_lengths[probe].max()}")
     print("wall s (process CPU s). 'plots' = the 4 PNGs drawn synchronously; 'async' = extra wall time of a "
           "training epoch that runs while the plot thread draws them (the callback's default)")
+    print("'faith' = FaithfulnessCallback's per-epoch pass (cheap explainers + metrics); 'final' = its end-of-fit "
+          "tier (once per fit)")
     print(f"{'heads':<8}{'epoch':>15}{'diagnostics':>15}{'plots':>15}{'async':>8}{'diag/epoch':>12}"
-          f"{'diag+async':>12}{'diag+plots':>12}")
+          f"{'diag+async':>12}{'diag+plots':>12}{'faith':>15}{'faith/epoch':>12}{'final':>15}{'final/epoch':>12}")
 
     def med(f):
         runs = [f() for _ in range(args.repeats)]
@@ -150,9 +178,13 @@ def main() -> None:
 
             plots = med(sync_plots)
             async_extra = med(epoch_with_async_plots)[0] - epoch[0]
+        faithfulness_pass(model, ids, mask, labels)  # warm-up
+        faith = med(lambda: faithfulness_pass(model, ids, mask, labels))
+        final = (math.nan, math.nan) if args.no_final else med(lambda: faithfulness_final(model, ids, mask))
         r = lambda x: f"{x / epoch[0]:.1%}"  # noqa: E731
         print(f"{combine:<8}{fmt(epoch):>15}{fmt(diag):>15}{fmt(plots):>15}{async_extra:8.2f}{r(diag[0]):>12}"
-              f"{r(diag[0] + max(async_extra, 0.0)):>12}{r(diag[0] + plots[0]):>12}")
+              f"{r(diag[0] + max(async_extra, 0.0)):>12}{r(diag[0] + plots[0]):>12}{fmt(faith):>15}"
+              f"{r(faith[0]):>12}{fmt(final):>15}{r(final[0]):>12}")
 
 
 if __name__ == "__main__":

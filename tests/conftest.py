@@ -54,6 +54,8 @@ def make_cfg(tmp_path, cache_dir):
             cfg.hydra.job.id = 0
             if fast and cfg.get("callbacks") and cfg.callbacks.get("identifiability"):
                 cfg.callbacks.identifiability.probe_size = 8
+            if fast and cfg.get("callbacks") and cfg.callbacks.get("faithfulness"):
+                cfg.callbacks.faithfulness.update(ig_steps=8, adversarial_examples=2, adversarial_steps=10)
         HydraConfig().set_config(cfg)
         return cfg
 

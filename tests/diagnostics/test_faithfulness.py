@@ -156,8 +156,8 @@ def test_norm_is_kobayashi_weighted_vector_norm():
         w_o = attn.out_proj.weight.t().reshape(attn.num_heads, attn.value_dim, -1)
     s = F.explain(model, ids, mask, ["norm"])["norm"]
     b, j = 0, 4
-    vec = sum(A[b, h, 0, j] * (v[b, j, h] @ w_o[h]) for h in range(attn.num_heads))
-    assert float(s[b, j]) == pytest.approx(float(vec.detach().norm()), rel=1e-5)
+    ref = sum((A[b, h, 0, j] * (v[b, j, h] @ w_o[h])).norm() for h in range(attn.num_heads))
+    assert float(s[b, j]) == pytest.approx(float(ref.detach()), rel=1e-5)
 
 
 def test_effective_equals_attention_when_identifiable_and_differs_when_not():

@@ -205,9 +205,10 @@ def _attention_explainers(model, input_ids: Tensor, mask: Tensor, names: Sequenc
     if "attention" in names:
         out["attention"] = pooled.mean(1)
     if "norm" in names:
-        # Kobayashi et al. (2020): || sum_h alpha^h_j f^h(x_j) ||, f^h(x_j) = (x_j W_V^h + b_V^h) W_O^h.
+        # Kobayashi et al. (2020): sum_h || alpha^h_j f^h(x_j) || = sum_h alpha^h_j || f^h(x_j) || (alpha >= 0),
+        # f^h(x_j) = (x_j W_V^h + b_V^h) W_O^h.
         f = torch.einsum("bhtv,hvd->bhtd", last.values.float(), last.out_proj.float())  # (B, H, T, d)
-        out["norm"] = torch.einsum("bht,bhtd->btd", pooled, f).norm(dim=-1)
+        out["norm"] = (pooled * f.norm(dim=-1)).sum(1)
     if "rollout" in names:
         # Abnar & Zuidema (2020): A_hat = 0.5 I + 0.5 mean_h A (rows renormalised), R = A_hat_L ... A_hat_1.
         eye = torch.eye(A.shape[-1], device=A.device)

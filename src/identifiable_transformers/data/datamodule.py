@@ -644,23 +644,17 @@ class TextDataModule(pl.LightningDataModule):
         return save_tokenizer(self.tokenizer, path)
 
     def state_dict(self) -> dict[str, Any]:
-        """Stored by Lightning inside checkpoints: the exact tokenizer, the label names and, while
-        fitting, the position in the training data, so that a run resumes mid-epoch exactly."""
-        if self.tokenizer is None:
+        """Stored by Lightning inside checkpoints: the label names and, while fitting, the position in
+        the training data, so that a run resumes mid-epoch exactly. The tokenizer is not repeated here:
+        the checkpoint keeps it once, in the model's hyper-parameters (``tokenizer_json``)."""
+        if not self.meta:
             return {}
-        state = {"tokenizer_json": self.tokenizer.to_str(), "label_names": self.label_names,
-                 "max_length": self.max_length, "name": self.name}
+        state = {"label_names": self.label_names, "max_length": self.max_length, "name": self.name}
         if (position := self._train_position()) is not None:
             state["train_position"] = position
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("tokenizer_json"):
-            tok = tokenizer_from_str(state["tokenizer_json"])
-            if self.tokenizer is not None and self.tokenizer.to_str() != tok.to_str():
-                warnings.warn("checkpoint tokenizer differs from the freshly prepared one; using the checkpoint's "
-                              "for encode_texts (cached datasets were tokenized with the prepared one).", stacklevel=2)
-            self.tokenizer = tok
         if state.get("label_names") and not self.meta:
             self.meta = {"label_names": list(state["label_names"])}
         # Applied to the next training sampler; restoring for validate/test/predict must not leave it pending.

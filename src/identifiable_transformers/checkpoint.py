@@ -70,7 +70,7 @@ def write_checksum(path: str | os.PathLike) -> None:
     _write_digests(path, [_file_digest(path)])
 
 
-def read_checkpoint(path: str | os.PathLike, what: str = "ckpt_path") -> tuple[dict[str, Any], bytes]:
+def read_checkpoint(path: str | os.PathLike, what: str = "checkpoint") -> tuple[dict[str, Any], bytes]:
     """Read a checkpoint written by train.py and check it; returns (the loaded dict, its bytes).
 
     Loaded with ``weights_only=True``: a checkpoint can hold tensors and plain values, never code.
@@ -79,35 +79,35 @@ def read_checkpoint(path: str | os.PathLike, what: str = "ckpt_path") -> tuple[d
     """
     p = Path(os.path.expanduser(str(path)))
     if not p.is_file():
-        raise FileNotFoundError(f"{what}={str(path)!r} is not a file: pass a .ckpt written by train.py "
+        raise FileNotFoundError(f"{what} {str(path)!r} is not a file: pass a .ckpt written by train.py "
                                 "(e.g. logs/train/runs/<time>/checkpoints/last.ckpt)")
     data = p.read_bytes()
     if not data:
-        raise CheckpointError(f"{what}={str(p)!r} is empty (0 bytes): not a checkpoint. Was the run killed while "
+        raise CheckpointError(f"{what} {str(p)!r} is empty (0 bytes): not a checkpoint. Was the run killed while "
                               "copying it? Use another checkpoint, e.g. the run's last.ckpt.")
     digests = _read_digests(p)
     if digests is None:
         warnings.warn(f"{p} has no {p.name}{SUFFIX} beside it (copied alone, or written before checksums): "
                       "loading it unverified.", stacklevel=2)
     elif _digest(data) not in digests:
-        raise CheckpointError(f"{what}={str(p)!r} does not match its checksum {p.name}{SUFFIX}: the file is damaged "
+        raise CheckpointError(f"{what} {str(p)!r} does not match its checksum {p.name}{SUFFIX}: the file is damaged "
                               "(truncated, or bytes changed since it was written). Use another checkpoint; delete "
                               f"the {SUFFIX} file only if you know the change is intended.")
     try:
         ckpt = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 (torch raises many kinds for a bad file)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{what}={str(p)!r} is not a readable PyTorch checkpoint ({type(e).__name__}: "
+        raise CheckpointError(f"{what} {str(p)!r} is not a readable PyTorch checkpoint ({type(e).__name__}: "
                               f"{first[:200]}). It may be truncated, or not a checkpoint at all.") from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
         keys = sorted(ckpt)[:8] if isinstance(ckpt, dict) else type(ckpt).__name__
-        raise CheckpointError(f"{what}={str(p)!r} is not a checkpoint written by train.py (no state_dict and "
+        raise CheckpointError(f"{what} {str(p)!r} is not a checkpoint written by train.py (no state_dict and "
                               f"hyper_parameters; found {keys}).")
     return ckpt, data
 
 
 def check_compatible(ckpt: dict[str, Any], module: torch.nn.Module, path: str | os.PathLike,
-                     what: str = "ckpt_path") -> None:
+                     what: str = "checkpoint") -> None:
     """A :class:`CheckpointError` listing the differing hyper-parameters and tensor shapes when the
     checkpoint's weights do not fit ``module`` (a model of another size)."""
     theirs = ckpt["state_dict"]
@@ -126,7 +126,7 @@ def check_compatible(ckpt: dict[str, Any], module: torch.nn.Module, path: str | 
         parts.append("shapes (checkpoint vs this run): " + ", ".join(f"{k} {a} vs {b}" for k, (a, b) in list(shapes.items())[:5]))
     if missing or unexpected:
         parts.append(f"{len(missing)} weight(s) missing, {len(unexpected)} unexpected (e.g. {(missing or unexpected)[:3]})")
-    raise CheckpointError(f"{what}={str(path)!r} holds a model of another size or kind; " + "; ".join(parts)
+    raise CheckpointError(f"{what} {str(path)!r} holds a model of another size or kind; " + "; ".join(parts)
                           + ". Pass the model settings it was trained with.")
 
 

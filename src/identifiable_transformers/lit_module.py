@@ -98,7 +98,7 @@ class TextClassifier(pl.LightningModule):
         """Lightning's ``load_from_checkpoint`` on a file that :func:`read_checkpoint` has checked
         (its checksum, that it is a checkpoint of this project), read once and loaded with
         ``weights_only=True``: a checkpoint never names code to run."""
-        _, data = read_checkpoint(checkpoint_path, what="checkpoint_path")
+        _, data = read_checkpoint(checkpoint_path)
         kwargs["weights_only"] = True
         return super().load_from_checkpoint(io.BytesIO(data), map_location, hparams_file, strict, **kwargs)
 

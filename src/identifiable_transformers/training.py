@@ -162,8 +162,8 @@ def run(cfg: DictConfig) -> dict:
         data_cfg=OmegaConf.to_container(cfg.data, resolve=True),
     )
     if ckpt_path:  # refused here with a clear message, before Lightning meets a damaged or foreign file
-        ckpt, _ = read_checkpoint(ckpt_path)
-        check_compatible(ckpt, model, ckpt_path)
+        ckpt, _ = read_checkpoint(ckpt_path, what="ckpt_path")
+        check_compatible(ckpt, model, ckpt_path, what="ckpt_path")
         _check_same_tokenizer(ckpt, datamodule, ckpt_path)
         del ckpt
     loggers = build_loggers(cfg)
@@ -245,7 +245,7 @@ def _check_same_tokenizer(ckpt: dict, datamodule, path: str) -> None:
     if saved is None or json.loads(saved) == json.loads(datamodule.tokenizer.to_str()):
         return
     raise CheckpointError(
-        f"ckpt_path={str(path)!r} was trained with another tokenizer than the one this data config builds "
+        f"ckpt_path {str(path)!r} was trained with another tokenizer than the one this data config builds "
         f"(vocabulary {tokenizer_from_str(saved).get_vocab_size()} vs {datamodule.vocab_size}): its token "
         "ids would mean other words. Use the data settings it was trained with, or pass its tokenizer with "
         "data.tokenizer_file=<its run dir>/tokenizer.json.")

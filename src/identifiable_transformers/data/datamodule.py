@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -16,6 +17,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import lightning.pytorch as pl
 import numpy as np
 import torch
+import xxhash
 from torch.utils.data import DataLoader, Sampler
 
 from . import prepare as P
@@ -34,7 +36,9 @@ from .tokenizer import (
 
 log = logging.getLogger("identifiable_transformers.data")
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # the cache's layout (2: content-hashed key, checksums in meta.json)
+# The modules whose code decides what lands in the cache: a change to any of them is a new cache entry.
+_PREPARATION_CODE = ("datamodule.py", "prepare.py", "registry.py", "sources.py", "tokenizer.py")
 SOURCES = ("hub", "local", "package")
 _SPLITS = ("train", "validation", "test")
 
@@ -51,15 +55,53 @@ def _plain(x: Any) -> Any:
     return x
 
 
+def _hash_file(path: Path) -> str:
+    """xxh3-128 of the file's bytes, streamed (several GB/s)."""
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@functools.cache
+def preparation_version() -> str:
+    """A hash of the preparation code and the ``tokenizers`` version it runs with."""
+    import tokenizers
+
+    h = xxhash.xxh3_128(tokenizers.__version__.encode())
+    for name in _PREPARATION_CODE:
+        h.update((Path(__file__).parent / name).read_bytes())
+    return h.hexdigest()
+
+
 def _file_fingerprint(p: str | None) -> Any:
+    """What a data file contributes to the cache key: its content, not its path or mtime."""
     if not p:
         return None
     q = Path(os.path.expanduser(str(p)))
+    if not q.is_file():
+        return [str(q), None]  # reading it fails later with a clear message
+    return [q.stat().st_size, _hash_file(q)]
+
+
+def _cache_problem(root: Path) -> str | None:
+    """Why the cache entry ``root`` cannot be used (None: complete and intact)."""
+    if not root.is_dir():
+        return "missing"
     try:
-        st = q.stat()
-        return [str(q.resolve()), st.st_size, st.st_mtime_ns]
-    except OSError:
-        return [str(q), None, None]
+        checksums = json.loads((root / "meta.json").read_text())["checksums"]
+    except FileNotFoundError:
+        return "meta.json is missing"
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return "meta.json is unreadable or has no checksums"
+    for rel, digest in checksums.items():
+        f = root / rel
+        if not f.is_file():
+            return f"{rel} is missing"
+        if _hash_file(f) != digest:
+            return f"{rel} does not match its checksum"
+    return None
 
 
 class EpochShuffleSampler(Sampler[int]):
@@ -250,6 +292,8 @@ class TextDataModule(pl.LightningDataModule):
         self.meta: dict[str, Any] = {}
         self.timings: dict[str, float] = {}
         self._loaded_dir: Path | None = None
+        self._cache_path: Path | None = None
+        self._verified: Path | None = None  # the cache entry prepare_data() has checked
         self._resume: dict[str, int] | None = None
 
     # ------------------------------------------------------------------ construction helpers
@@ -300,7 +344,7 @@ class TextDataModule(pl.LightningDataModule):
             p = Path(os.path.expanduser(self.tokenizer_file))
             tok = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else str(p)
         return {
-            "version": CACHE_VERSION, "name": self.name, "source": self.source, "src": src,
+            "version": CACHE_VERSION, "code": preparation_version(), "name": self.name, "source": self.source, "src": src,
             "text_fields": self.text_fields, "text_separator": self.text_separator,
             "label_field": self.label_field, "label_names": self._given_label_names,
             "num_classes": self._given_num_classes, "splits": self.splits,
@@ -310,22 +354,34 @@ class TextDataModule(pl.LightningDataModule):
         }
 
     def cache_path(self) -> Path:
+        if self._cache_path is None:  # hashing the input files once per module is enough
+            self._cache_path = self._compute_cache_path()
+        return self._cache_path
+
+    def _compute_cache_path(self) -> Path:
         key = hashlib.sha256(json.dumps(self.cache_settings(), sort_keys=True, default=str).encode()).hexdigest()[:16]
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.name)
         return self.cache_dir / safe / key
 
     # ------------------------------------------------------------------ Lightning hooks
     def prepare_data(self) -> None:
-        """Download/read, tokenize and cache once (rank 0 per node under DDP). Cheap if cached."""
+        """Download/read, tokenize and cache once (rank 0 per node under DDP). Cheap if cached.
+
+        The cache is verified against the checksums in its meta.json; a damaged or incomplete one
+        is rebuilt, with a warning."""
         final = self.cache_path()
-        if (final / "meta.json").is_file():
+        problem = _cache_problem(final)
+        if problem is None:
             log.info("[%s] using cached tokenized data at %s", self.name, final)
+            self._verified = final
             return
+        if problem != "missing":
+            log.warning("[%s] the cached tokenized data at %s is damaged (%s): rebuilding it", self.name, final, problem)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         try:
             self._build(tmp)
-            if (final / "meta.json").is_file():  # someone else finished first
+            if _cache_problem(final) is None:  # someone else finished first
                 shutil.rmtree(tmp, ignore_errors=True)
             else:
                 if final.exists():
@@ -334,6 +390,7 @@ class TextDataModule(pl.LightningDataModule):
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
+        self._verified = final
         log.info("[%s] cached tokenized data at %s", self.name, final)
 
     def setup(self, stage: str | None = None) -> None:
@@ -341,9 +398,8 @@ class TextDataModule(pl.LightningDataModule):
         final = self.cache_path()
         if self._loaded_dir == final:
             return
-        if not (final / "meta.json").is_file():
-            log.info("[%s] no cache at %s yet: running prepare_data() from setup()", self.name, final)
-            self.prepare_data()
+        if self._verified != final:
+            self.prepare_data()  # checks the cache, (re)builds it when needed
         import datasets
 
         self.meta = json.loads((final / "meta.json").read_text())
@@ -557,6 +613,8 @@ class TextDataModule(pl.LightningDataModule):
             "mean_length": {s: float(v.mean()) for s, v in lengths.items()},
             "truncated": {s: int((v >= max_len).sum()) for s, v in lengths.items()},
         }
+        meta["checksums"] = {f.relative_to(out).as_posix(): _hash_file(f)
+                             for f in sorted(out.rglob("*")) if f.is_file()}
         (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
         self.timings["save"] = time.perf_counter() - t5
         self.timings["total"] = time.perf_counter() - t0

@@ -3,8 +3,8 @@
 * :class:`LastCheckpoint` keeps ``last.ckpt``, the newest training state, for resuming.
   Lightning's ``ModelCheckpoint(save_last=True)`` refreshes ``last.ckpt`` only when it also saves a
   top-k checkpoint, so with a monitored metric that did not improve, ``last.ckpt`` lags behind.
-  This callback rewrites it after every validation, at the end of every training epoch and every
-  ``every_n_train_steps`` steps, atomically: a run killed while writing keeps the previous file.
+  This callback rewrites it after every validation, at the end of every training epoch (when the
+  best checkpoint changed since) and every ``every_n_train_steps`` steps, atomically: a run killed while writing keeps the previous file.
   Everything an exact resume needs is in it (see ``TextClassifier.on_save_checkpoint`` and
   ``TextDataModule.state_dict``).
 * :class:`BestCheckpoint` is Lightning's ``ModelCheckpoint`` that also resumes exactly into a new
@@ -136,7 +136,13 @@ class LastCheckpoint(Checkpoint):  # a Checkpoint, so Lightning runs it after th
             raise ValueError(f"every_n_train_steps={every_n_train_steps} must be >= 0 (0: only at epoch ends)")
         self.path = Path(dirpath) / filename
         self.every_n_train_steps = int(every_n_train_steps)
-        self._saved_step: int | None = None
+        self._saved: tuple | None = None  # (step, best checkpoints) at the last save
+
+    @staticmethod
+    def _state(trainer: pl.Trainer) -> tuple:
+        kept = [(c.best_model_path, tuple(sorted(c.best_k_models))) for c in trainer.checkpoint_callbacks
+                if isinstance(c, ModelCheckpoint)]
+        return trainer.global_step, kept
 
     def _save(self, trainer: pl.Trainer) -> None:
         if trainer.sanity_checking or trainer.fast_dev_run or trainer.state.fn != "fit":
@@ -150,7 +156,7 @@ class LastCheckpoint(Checkpoint):  # a Checkpoint, so Lightning runs it after th
             _write_digests(self.path, [new, *old[:1]])
             os.replace(tmp, self.path)
             _write_digests(self.path, [new])
-        self._saved_step = trainer.global_step
+        self._saved = self._state(trainer)
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args) -> None:
         if self.every_n_train_steps and trainer.global_step % self.every_n_train_steps == 0:
@@ -160,7 +166,9 @@ class LastCheckpoint(Checkpoint):  # a Checkpoint, so Lightning runs it after th
         self._save(trainer)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._saved_step != trainer.global_step:  # no validation ran at the end of this epoch
+        # Again if no validation ran at the end of this epoch, or if ModelCheckpoint (which saves at the
+        # epoch end, after validation) kept a new best since: last.ckpt must know the best checkpoint.
+        if self._saved != self._state(trainer):
             self._save(trainer)
 
 

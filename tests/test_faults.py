@@ -141,6 +141,21 @@ def test_damaged_and_foreign_checkpoints_are_refused_with_one_line(make_cfg, tra
         run(make_cfg("train=false", "model.embed_dim=32", f"ckpt_path={good}", out="size"))
 
 
+def test_a_checkpoint_trained_with_another_tokenizer_is_refused(make_cfg, trained, tmp_path):
+    import json
+
+    _, ckpts = trained
+    ckpt = torch.load(ckpts / "last.ckpt", map_location="cpu", weights_only=True)
+    tok = json.loads(ckpt["hyper_parameters"]["tokenizer_json"])
+    vocab = tok["model"]["vocab"]
+    a, b = "good", "bad"
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # same size, so the weights fit: only the words differ
+    ckpt["hyper_parameters"]["tokenizer_json"] = json.dumps(tok)
+    torch.save(ckpt, tmp_path / "other_tokenizer.ckpt")
+    with pytest.raises(CheckpointError, match="another tokenizer"):
+        run(make_cfg("train=false", f"ckpt_path={tmp_path / 'other_tokenizer.ckpt'}", out="tok"))
+
+
 def test_a_checkpoint_without_checksum_loads_with_a_warning(trained, tmp_path):
     _, ckpts = trained
     alone = tmp_path / "alone.ckpt"

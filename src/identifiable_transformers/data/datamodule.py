@@ -292,7 +292,7 @@ class TextDataModule(pl.LightningDataModule):
         self.meta: dict[str, Any] = {}
         self.timings: dict[str, float] = {}
         self._loaded_dir: Path | None = None
-        self._cache_path: Path | None = None
+        self._fingerprints: dict[str | None, Any] = {}
         self._verified: Path | None = None  # the cache entry prepare_data() has checked
         self._resume: dict[str, int] | None = None
 
@@ -329,16 +329,23 @@ class TextDataModule(pl.LightningDataModule):
     def _uses_classic(self) -> bool:
         return self.data_dir is not None
 
+    def _fingerprint(self, path: str | None) -> Any:
+        if path not in self._fingerprints:  # each input file is hashed once per module
+            self._fingerprints[path] = _file_fingerprint(path)
+        return self._fingerprints[path]
+
     def cache_settings(self) -> dict[str, Any]:
         if self._uses_classic():
             src: Any = {"classic_dir": str(Path(os.path.expanduser(self.data_dir)).resolve()),
-                        "files": [_file_fingerprint(str(Path(os.path.expanduser(self.data_dir)) / f)) for f in ("train.csv", "test.csv")]}
+                        "files": [self._fingerprint(str(Path(os.path.expanduser(self.data_dir)) / f))
+                                  for f in ("train.csv", "test.csv")]}
         elif self.source == "hub":
             src = {"hub_id": self.hub_id, "hub_config": self.hub_config, "revision": self.hub_revision}
         elif self.source == "local":
-            src = {k: _file_fingerprint(getattr(self, k)) for k in ("train_file", "validation_file", "test_file")}
+            src = {k: self._fingerprint(getattr(self, k))
+                   for k in ("train_file", "validation_file", "test_file")}
         else:
-            src = {"package_subset": self.package_subset, "file": _file_fingerprint(str(S.package_csv_path()))}
+            src = {"package_subset": self.package_subset, "file": self._fingerprint(str(S.package_csv_path()))}
         tok = None
         if self.tokenizer_file:
             p = Path(os.path.expanduser(self.tokenizer_file))
@@ -354,11 +361,6 @@ class TextDataModule(pl.LightningDataModule):
         }
 
     def cache_path(self) -> Path:
-        if self._cache_path is None:  # hashing the input files once per module is enough
-            self._cache_path = self._compute_cache_path()
-        return self._cache_path
-
-    def _compute_cache_path(self) -> Path:
         key = hashlib.sha256(json.dumps(self.cache_settings(), sort_keys=True, default=str).encode()).hexdigest()[:16]
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.name)
         return self.cache_dir / safe / key

@@ -126,7 +126,14 @@ def test_damaged_and_foreign_checkpoints_are_refused_with_one_line(make_cfg, tra
     (bad / "random.ckpt").write_bytes(os.urandom(4096))
     torch.save({"weights": torch.zeros(3)}, bad / "foreign.ckpt")
     _flip(good, bad / "flipped.ckpt", keep_checksum=True)
-    cases = {"empty": "is empty", "truncated": "not a readable PyTorch checkpoint",
+    pwned = tmp_path / "pwned"
+
+    class Code:  # pickles as a call of open(pwned, "w")
+        def __reduce__(self):
+            return open, (str(pwned), "w")
+
+    torch.save({"state_dict": {}, "hyper_parameters": Code()}, bad / "code.ckpt")
+    cases = {"empty": "is empty", "truncated": "not a readable PyTorch checkpoint", "code": "never loaded",
              "random": "not a readable PyTorch checkpoint", "foreign": "not a checkpoint written by train.py",
              "flipped": "does not match its checksum"}
     for name, message in cases.items():
@@ -136,6 +143,7 @@ def test_damaged_and_foreign_checkpoints_are_refused_with_one_line(make_cfg, tra
             assert str(bad / name) in str(ei.value) and "\n" not in str(ei.value)
         with pytest.raises(CheckpointError, match=message):
             TextClassifier.load_from_checkpoint(bad / f"{name}.ckpt")
+    assert not pwned.exists()
     # a model of another size: the differing settings and shapes are named
     with pytest.raises(CheckpointError, match=r"another size.*embed_dim.*shapes"):
         run(make_cfg("train=false", "model.embed_dim=32", f"ckpt_path={good}", out="size"))
@@ -279,3 +287,17 @@ def test_cli_refuses_a_damaged_checkpoint(trained, tmp_path, cache_dir):
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "HYDRA_FULL_ERROR": ""})
     assert proc.returncode != 0
     assert "does not match its checksum" in proc.stderr and str(flipped) in proc.stderr
+
+
+def test_cli_analyze_refuses_a_crafted_checkpoint(trained, tmp_path):
+    _, ckpts = trained
+    pwned = tmp_path / "pwned"
+    crafted = _with_data_cfg(ckpts / "last.ckpt", tmp_path / "crafted.ckpt",
+                             _target_="builtins.open", file=str(pwned), mode="w")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "analyze.py"), f"ckpt_path={crafted}", "split=validation",
+         f"output_dir={tmp_path / 'out'}", f"paths.cache_dir={tmp_path / 'cache'}", f"paths.log_dir={tmp_path}/logs"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "HYDRA_FULL_ERROR": ""})
+    assert proc.returncode != 0
+    assert "builtins.open" in proc.stderr and "never run" in proc.stderr
+    assert not pwned.exists()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pickle
 import shutil
 import warnings
 from pathlib import Path
@@ -95,10 +96,14 @@ def read_checkpoint(path: str | os.PathLike, what: str = "checkpoint") -> tuple[
                               f"the {SUFFIX} file only if you know the change is intended.")
     try:
         ckpt = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 (torch raises many kinds for a bad file)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{what} {str(p)!r} is not a readable PyTorch checkpoint ({type(e).__name__}: "
-                              f"{first[:200]}). It may be truncated, or not a checkpoint at all.") from None
+    except pickle.UnpicklingError:  # not a zip archive, or pickled objects other than tensors and plain values
+        raise CheckpointError(f"{what} {str(p)!r} is not a readable PyTorch checkpoint: not a PyTorch file, or it "
+                              "holds objects other than tensors and plain values (never loaded: that could run "
+                              "code).") from None
+    except Exception as e:  # noqa: BLE001 (torch raises RuntimeError, EOFError, ... for a broken archive)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
+        raise CheckpointError(f"{what} {str(p)!r} is not a readable PyTorch checkpoint ({first[:120]}): it is "
+                              "truncated or damaged. Use another checkpoint, e.g. the run's last.ckpt.") from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
         keys = sorted(ckpt)[:8] if isinstance(ckpt, dict) else type(ckpt).__name__
         raise CheckpointError(f"{what} {str(p)!r} is not a checkpoint written by train.py (no state_dict and "

@@ -2,12 +2,14 @@
 
 All constructor arguments are primitives and saved as hyper-parameters, so
 ``TextClassifier.load_from_checkpoint(path)`` rebuilds the model, its tokenizer and label names
-without Hydra.
+without Hydra. The tokenizer is stored there once (``tokenizer_json``), not again in the data
+module's state.
 """
 
 from __future__ import annotations
 
 import inspect
+import io
 import math
 import random
 from functools import cached_property
@@ -19,6 +21,7 @@ import torch.nn.functional as F
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
+from .checkpoint import read_checkpoint
 from .models import TransformerClassifier
 
 SCHEDULERS = ("constant", "linear", "cosine")
@@ -89,6 +92,15 @@ class TextClassifier(pl.LightningModule):
         # Checkpointed, so that a run resumed mid-epoch reports the same epoch metrics and best accuracy.
         for metric in (self.train_metrics, self.train_loss, self.val_acc_best):
             metric.persistent(True)
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None, **kwargs):
+        """Lightning's ``load_from_checkpoint`` on a file that :func:`read_checkpoint` has checked
+        (its checksum, that it is a checkpoint of this project), read once and loaded with
+        ``weights_only=True``: a checkpoint never names code to run."""
+        _, data = read_checkpoint(checkpoint_path)
+        kwargs["weights_only"] = True
+        return super().load_from_checkpoint(io.BytesIO(data), map_location, hparams_file, strict, **kwargs)
 
     @property
     def label_names(self) -> list[str]:

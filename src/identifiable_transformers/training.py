@@ -21,7 +21,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from .checkpoint import CheckpointError, check_compatible, read_checkpoint
 from .data.sources import host_reachable
+from .data.tokenizer import tokenizer_from_str
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +146,9 @@ def run(cfg: DictConfig) -> dict:
     datamodule.setup("fit")
     datamodule.save_tokenizer(output_dir / "tokenizer.json")
 
-    if cfg.get("ckpt_path") and not Path(cfg.ckpt_path).is_file():
-        raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path} does not exist: pass the path of a .ckpt file")
+    ckpt_path = cfg.get("ckpt_path")
+    if ckpt_path and not Path(ckpt_path).is_file():
+        raise FileNotFoundError(f"ckpt_path={ckpt_path} does not exist: pass the path of a .ckpt file")
     log.info("Model <%s>", cfg.model._target_)
     # Built by hand, not hydra.utils.instantiate: data_cfg holds a _target_ that must stay a plain dict.
     model_kwargs = OmegaConf.to_container(cfg.model, resolve=True)
@@ -158,6 +161,11 @@ def run(cfg: DictConfig) -> dict:
         tokenizer_json=datamodule.tokenizer.to_str(),
         data_cfg=OmegaConf.to_container(cfg.data, resolve=True),
     )
+    if ckpt_path:  # refused here with a clear message, before Lightning meets a damaged or foreign file
+        ckpt, _ = read_checkpoint(ckpt_path, what="ckpt_path")
+        check_compatible(ckpt, model, ckpt_path, what="ckpt_path")
+        _check_same_tokenizer(ckpt, datamodule, ckpt_path)
+        del ckpt
     loggers = build_loggers(cfg)
     callbacks = _instantiate_dict(cfg.get("callbacks"))
     # Lightning refuses these without a logger / with the bar disabled: drop them instead of failing.
@@ -178,7 +186,13 @@ def run(cfg: DictConfig) -> dict:
             with warnings.catch_warnings():
                 # TextDataModule's checkpointed data position makes a mid-epoch resume exact; Lightning cannot tell.
                 warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
-                trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+                trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+            if trainer.global_step == 0:
+                raise ValueError(
+                    f"training ran no step (trainer.max_epochs={cfg.trainer.get('max_epochs')}, "
+                    f"trainer.max_steps={cfg.trainer.get('max_steps')}, trainer.limit_train_batches="
+                    f"{cfg.trainer.get('limit_train_batches')}): there is no trained model to test. Train at least "
+                    "one step (e.g. trainer.max_epochs=1), or evaluate a checkpoint with train=false ckpt_path=PATH.")
         fit_metrics = _scalars(trainer.callback_metrics)
 
         test_metrics: dict[str, float] = {}
@@ -190,9 +204,13 @@ def run(cfg: DictConfig) -> dict:
                 if not best:
                     log.warning("No best checkpoint was saved: testing the final weights")
                 test_ckpt = best or None
+                if test_ckpt:
+                    read_checkpoint(test_ckpt, what="best checkpoint")  # refuses one damaged since it was written
             else:
-                test_ckpt = cfg.get("ckpt_path")
-            trainer.test(model, datamodule=datamodule, ckpt_path=test_ckpt)
+                test_ckpt = ckpt_path
+                if not test_ckpt:
+                    log.warning("train=false without ckpt_path: testing an untrained model")
+            trainer.test(model, datamodule=datamodule, ckpt_path=test_ckpt, weights_only=True)
             test_metrics = _scalars(trainer.callback_metrics)
 
         metrics = {**fit_metrics, **test_metrics}
@@ -219,6 +237,18 @@ def run(cfg: DictConfig) -> dict:
             import wandb
 
             wandb.finish()
+
+
+def _check_same_tokenizer(ckpt: dict, datamodule, path: str) -> None:
+    """The checkpoint's token ids must mean the same words as the data's."""
+    saved = (ckpt.get("hyper_parameters") or {}).get("tokenizer_json")
+    if saved is None or json.loads(saved) == json.loads(datamodule.tokenizer.to_str()):
+        return
+    raise CheckpointError(
+        f"ckpt_path {str(path)!r} was trained with another tokenizer than the one this data config builds "
+        f"(vocabulary {tokenizer_from_str(saved).get_vocab_size()} vs {datamodule.vocab_size}): its token "
+        "ids would mean other words. Use the data settings it was trained with, or pass its tokenizer with "
+        "data.tokenizer_file=<its run dir>/tokenizer.json.")
 
 
 def _epoch_of(path: str) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -16,6 +17,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import lightning.pytorch as pl
 import numpy as np
 import torch
+import xxhash
 from torch.utils.data import DataLoader, Sampler
 
 from . import prepare as P
@@ -34,7 +36,9 @@ from .tokenizer import (
 
 log = logging.getLogger("identifiable_transformers.data")
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # the cache's layout (2: content-hashed key, checksums in meta.json)
+# The modules whose code decides what lands in the cache: a change to any of them is a new cache entry.
+_PREPARATION_CODE = ("datamodule.py", "prepare.py", "registry.py", "sources.py", "tokenizer.py")
 SOURCES = ("hub", "local", "package")
 _SPLITS = ("train", "validation", "test")
 
@@ -51,15 +55,53 @@ def _plain(x: Any) -> Any:
     return x
 
 
+def _hash_file(path: Path) -> str:
+    """xxh3-128 of the file's bytes, streamed (several GB/s)."""
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@functools.cache
+def preparation_version() -> str:
+    """A hash of the preparation code and the ``tokenizers`` version it runs with."""
+    import tokenizers
+
+    h = xxhash.xxh3_128(tokenizers.__version__.encode())
+    for name in _PREPARATION_CODE:
+        h.update((Path(__file__).parent / name).read_bytes())
+    return h.hexdigest()
+
+
 def _file_fingerprint(p: str | None) -> Any:
+    """What a data file contributes to the cache key: its content, not its path or mtime."""
     if not p:
         return None
     q = Path(os.path.expanduser(str(p)))
+    if not q.is_file():
+        return [str(q), None]  # reading it fails later with a clear message
+    return [q.stat().st_size, _hash_file(q)]
+
+
+def _cache_problem(root: Path) -> str | None:
+    """Why the cache entry ``root`` cannot be used (None: complete and intact)."""
+    if not root.is_dir():
+        return "missing"
     try:
-        st = q.stat()
-        return [str(q.resolve()), st.st_size, st.st_mtime_ns]
-    except OSError:
-        return [str(q), None, None]
+        checksums = json.loads((root / "meta.json").read_text())["checksums"]
+    except FileNotFoundError:
+        return "meta.json is missing"
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return "meta.json is unreadable or has no checksums"
+    for rel, digest in checksums.items():
+        f = root / rel
+        if not f.is_file():
+            return f"{rel} is missing"
+        if _hash_file(f) != digest:
+            return f"{rel} does not match its checksum"
+    return None
 
 
 class EpochShuffleSampler(Sampler[int]):
@@ -252,6 +294,8 @@ class TextDataModule(pl.LightningDataModule):
         self.meta: dict[str, Any] = {}
         self.timings: dict[str, float] = {}
         self._loaded_dir: Path | None = None
+        self._fingerprints: dict[str | None, Any] = {}
+        self._verified: Path | None = None  # the cache entry prepare_data() has checked
         self._resume: dict[str, int] | None = None
 
     # ------------------------------------------------------------------ construction helpers
@@ -286,22 +330,29 @@ class TextDataModule(pl.LightningDataModule):
     def _uses_classic(self) -> bool:
         return self.data_dir is not None
 
+    def _fingerprint(self, path: str | None) -> Any:
+        if path not in self._fingerprints:  # each input file is hashed once per module
+            self._fingerprints[path] = _file_fingerprint(path)
+        return self._fingerprints[path]
+
     def cache_settings(self) -> dict[str, Any]:
         if self._uses_classic():
             src: Any = {"classic_dir": str(Path(os.path.expanduser(self.data_dir)).resolve()),
-                        "files": [_file_fingerprint(str(Path(os.path.expanduser(self.data_dir)) / f)) for f in ("train.csv", "test.csv")]}
+                        "files": [self._fingerprint(str(Path(os.path.expanduser(self.data_dir)) / f))
+                                  for f in ("train.csv", "test.csv")]}
         elif self.source == "hub":
             src = {"hub_id": self.hub_id, "hub_config": self.hub_config, "revision": self.hub_revision}
         elif self.source == "local":
-            src = {k: _file_fingerprint(getattr(self, k)) for k in ("train_file", "validation_file", "test_file")}
+            src = {k: self._fingerprint(getattr(self, k))
+                   for k in ("train_file", "validation_file", "test_file")}
         else:
-            src = {"package_subset": self.package_subset, "file": _file_fingerprint(str(S.package_csv_path()))}
+            src = {"package_subset": self.package_subset, "file": self._fingerprint(str(S.package_csv_path()))}
         tok = None
         if self.tokenizer_file:
             p = Path(os.path.expanduser(self.tokenizer_file))
             tok = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else str(p)
         return {
-            "version": CACHE_VERSION, "name": self.name, "source": self.source, "src": src,
+            "version": CACHE_VERSION, "code": preparation_version(), "name": self.name, "source": self.source, "src": src,
             "text_fields": self.text_fields, "text_separator": self.text_separator,
             "label_field": self.label_field, "label_names": self._given_label_names,
             "num_classes": self._given_num_classes, "splits": self.splits,
@@ -317,16 +368,23 @@ class TextDataModule(pl.LightningDataModule):
 
     # ------------------------------------------------------------------ Lightning hooks
     def prepare_data(self) -> None:
-        """Download/read, tokenize and cache once (rank 0 per node under DDP). Cheap if cached."""
+        """Download/read, tokenize and cache once (rank 0 per node under DDP). Cheap if cached.
+
+        The cache is verified against the checksums in its meta.json; a damaged or incomplete one
+        is rebuilt, with a warning."""
         final = self.cache_path()
-        if (final / "meta.json").is_file():
+        problem = _cache_problem(final)
+        if problem is None:
             log.info("[%s] using cached tokenized data at %s", self.name, final)
+            self._verified = final
             return
+        if problem != "missing":
+            log.warning("[%s] the cached tokenized data at %s is damaged (%s): rebuilding it", self.name, final, problem)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         try:
             self._build(tmp)
-            if (final / "meta.json").is_file():  # someone else finished first
+            if _cache_problem(final) is None:  # someone else finished first
                 shutil.rmtree(tmp, ignore_errors=True)
             else:
                 if final.exists():
@@ -335,6 +393,7 @@ class TextDataModule(pl.LightningDataModule):
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
+        self._verified = final
         log.info("[%s] cached tokenized data at %s", self.name, final)
 
     def setup(self, stage: str | None = None) -> None:
@@ -342,9 +401,8 @@ class TextDataModule(pl.LightningDataModule):
         final = self.cache_path()
         if self._loaded_dir == final:
             return
-        if not (final / "meta.json").is_file():
-            log.info("[%s] no cache at %s yet: running prepare_data() from setup()", self.name, final)
-            self.prepare_data()
+        if self._verified != final:
+            self.prepare_data()  # checks the cache, (re)builds it when needed
         import datasets
 
         self.meta = json.loads((final / "meta.json").read_text())
@@ -558,6 +616,8 @@ class TextDataModule(pl.LightningDataModule):
             "mean_length": {s: float(v.mean()) for s, v in lengths.items()},
             "truncated": {s: int((v >= max_len).sum()) for s, v in lengths.items()},
         }
+        meta["checksums"] = {f.relative_to(out).as_posix(): _hash_file(f)
+                             for f in sorted(out.rglob("*")) if f.is_file()}
         (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
         self.timings["save"] = time.perf_counter() - t5
         self.timings["total"] = time.perf_counter() - t0
@@ -645,23 +705,17 @@ class TextDataModule(pl.LightningDataModule):
         return save_tokenizer(self.tokenizer, path)
 
     def state_dict(self) -> dict[str, Any]:
-        """Stored by Lightning inside checkpoints: the exact tokenizer, the label names and, while
-        fitting, the position in the training data, so that a run resumes mid-epoch exactly."""
-        if self.tokenizer is None:
+        """Stored by Lightning inside checkpoints: the label names and, while fitting, the position in
+        the training data, so that a run resumes mid-epoch exactly. The tokenizer is not repeated here:
+        the checkpoint keeps it once, in the model's hyper-parameters (``tokenizer_json``)."""
+        if not self.meta:
             return {}
-        state = {"tokenizer_json": self.tokenizer.to_str(), "label_names": self.label_names,
-                 "max_length": self.max_length, "name": self.name}
+        state = {"label_names": self.label_names, "max_length": self.max_length, "name": self.name}
         if (position := self._train_position()) is not None:
             state["train_position"] = position
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("tokenizer_json"):
-            tok = tokenizer_from_str(state["tokenizer_json"])
-            if self.tokenizer is not None and self.tokenizer.to_str() != tok.to_str():
-                warnings.warn("checkpoint tokenizer differs from the freshly prepared one; using the checkpoint's "
-                              "for encode_texts (cached datasets were tokenized with the prepared one).", stacklevel=2)
-            self.tokenizer = tok
         if state.get("label_names") and not self.meta:
             self.meta = {"label_names": list(state["label_names"])}
         # Applied to the next training sampler; restoring for validate/test/predict must not leave it pending.

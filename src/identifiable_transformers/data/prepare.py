@@ -14,6 +14,7 @@ from .sources import RawSplit
 log = logging.getLogger("identifiable_transformers.data")
 
 _INT_RE = re.compile(r"^[+-]?\d+$")
+_NUMBER_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
 
 def check_columns(raw: RawSplit, text_fields: Sequence[str], label_field: str) -> None:
@@ -93,7 +94,15 @@ def _normalise_values(split: str, raw: RawSplit, values: list) -> list:
                 )
             out.append(int(v))
         else:
-            out.append(str(v).strip())
+            text = str(v).strip()
+            if _NUMBER_RE.match(text) and not _INT_RE.match(text):  # a number written as "1.5" or "1.0"
+                if not float(text).is_integer():
+                    raise ValueError(
+                        f"label {text!r} in the {split} split at {raw.where(i)} is not an integer class id. "
+                        "Labels must be integer ids or class-name strings."
+                    )
+                text = str(int(float(text)))
+            out.append(text)
     # strings that all look like integers (CSV cells are read as strings) become ints
     if out and all(isinstance(v, str) for v in out) and all(_INT_RE.match(v) for v in out):
         out = [int(v) for v in out]
@@ -209,6 +218,7 @@ def build_label_ids(
                     names = [str(u + label_offset) for u in uniq]
                     how = f"integer labels {names} remapped to 0..{len(uniq) - 1} in sorted order"
                     log.warning("labels are not 0..C-1: %s", how)
+    _check_labels_seen_in_train(ids, names, splits)
     if num_classes is not None and int(num_classes) != len(names):
         raise ValueError(
             f"num_classes={num_classes} does not match the data, which has {len(names)} classes "
@@ -217,6 +227,22 @@ def build_label_ids(
     if len(names) < 2:
         raise ValueError(f"the data has {len(names)} class(es) {names}; classification needs at least 2.")
     return ids, names, how
+
+
+def _check_labels_seen_in_train(ids: dict[str, np.ndarray], names: list[str], splits: dict[str, RawSplit]) -> None:
+    """A validation or test label the training split never has would be a class the model cannot learn."""
+    if "train" not in ids:
+        return
+    seen = np.unique(ids["train"])
+    for s, arr in ids.items():
+        bad = ~np.isin(arr, seen)
+        if s != "train" and bad.any():
+            i = _first(bad)
+            raise ValueError(
+                f"label {names[int(arr[i])]!r} in the {s} split at {splits[s].where(i)} never occurs in the training "
+                f"split (whose labels are {[names[j] for j in seen]}): no model can learn it. Fix the row, or add "
+                "training rows with that label."
+            )
 
 
 # ----------------------------------------------------------------------------- splits

@@ -7,6 +7,7 @@ with a 7-byte header (crc32 uint32, length uint16, type uint8: 1 full, 2 first, 
 a block tail shorter than a chunk header is padding.
 """
 
+import io
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import open_dict
 
-from identifiable_transformers.training import _hydra_runtime, run
+from identifiable_transformers.training import _hydra_runtime, log_once, run
 
 BLOCK = 32 * 1024
 HEADER = 7
@@ -152,6 +153,24 @@ def test_offline_run_has_epoch_axis_summaries_tables_group_overrides_and_files(m
     assert last["val/ident/heads/ncols"] == 11
     probe = [h for h in rec.history if "val/ident/probe/nrows" in h]
     assert len(probe) == 1 and probe[0]["val/ident/probe/nrows"] == 8 * heads and probe[0]["epoch"] == 1
+    files = rec.path.parent / "files"
+    table = json.loads((files / last["val/ident/heads/path"]).read_text())
+    rows = {tuple(r[:3]): dict(zip(table["columns"], r)) for r in table["data"]}
+    assert sorted(rows) == [(e, 0, h) for e in (0, 1) for h in range(heads)]
+    written = json.loads((out / "identifiability" / "epoch_001" / "ident_metrics.json").read_text())
+    for h in range(heads):
+        for name in ("null_dim", "stochastic_null_dim", "identifiable_frac", "alt_tv", "effective_gap"):
+            assert rows[(1, 0, h)][name] == pytest.approx(written[f"val/ident/l0_h{h}/{name}"]), name
+    table = json.loads((files / probe[0]["val/ident/probe/path"]).read_text())
+    rows = [dict(zip(table["columns"], r)) for r in table["data"]]
+    lengths = json.loads((out / "identifiability" / "probe.json").read_text())["lengths"]
+    assert sorted(r["length"] for r in rows) == sorted(n for n in lengths for _ in range(heads))
+    assert max(lengths) > 16  # the add design's values are d = 16 wide: null dim max(0, n - 16) (generic rank)
+    assert all(r["null_dim"] == max(0, r["length"] - 16) and r["identifiable"] == (r["length"] <= 16) for r in rows)
+    assert all(r["attention"] == "Image" and r["text"] for r in rows)  # the images travel in the table's artifact
+    [probe_artifact] = [a for a in rec.artifacts if a.type == "run_table" and "probe" in a.name]
+    paths = [c.path for c in probe_artifact.manifest.contents]
+    assert len([p for p in paths if p.endswith(".png")]) == 8 * heads and "val/ident/probe.table.json" in paths
 
     # group by experiment, a name without seeds and paths, the overrides in the config
     assert rec.run.run_group == "rt_offline-identifiable"
@@ -322,3 +341,31 @@ def test_cli_logs_once_names_outputs_and_its_analyze_command_works(tmp_path, cac
     assert analyze.startswith(f"python analyze.py ckpt_path={best} ")
     page = _analyze_cli(shlex.split(analyze)[2:], tmp_path).read_text()  # the printed command, as a shell splits it
     assert "a gripping, beautiful film" in page
+
+
+def test_lightning_lines_reach_the_root_handlers_once():
+    import lightning  # noqa: F401 - its package logger gets its own console handler on import
+
+    class Count(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    root, counted = logging.getLogger(), Count()
+    own = {name: logging.StreamHandler(io.StringIO()) for name in ("lightning", "lightning.pytorch")}
+    for name, handler in own.items():  # as lightning/__init__.py and lightning/pytorch/__init__.py add them
+        logging.getLogger(name).addHandler(handler)
+    logging.getLogger("lightning.pytorch").propagate = False
+    root.addHandler(counted)  # as Hydra's job logging does
+    try:
+        log_once()
+        logging.getLogger("lightning.pytorch.utilities.rank_zero").warning("fit stopped")
+        assert counted.messages == ["fit stopped"]
+        assert all(h.stream.getvalue() == "" for h in own.values())
+    finally:
+        root.removeHandler(counted)
+        for name, handler in own.items():
+            logging.getLogger(name).removeHandler(handler)

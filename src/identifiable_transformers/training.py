@@ -83,13 +83,17 @@ def _hydra_overrides() -> dict:
 
 
 def log_once() -> None:
-    """Lightning's package logger prints INFO lines through its own console handler *and* passes them
-    on to the root logger: under Hydra, which gives the root a console and a file handler, every line
-    came twice. Keep the root's (formatted, and also in the job's .log file)."""
-    lightning_logger = logging.getLogger("lightning")
-    if logging.getLogger().handlers:
-        for handler in [h for h in lightning_logger.handlers if type(h) is logging.StreamHandler]:
-            lightning_logger.removeHandler(handler)
+    """Lightning's package loggers print through console handlers of their own: ``lightning`` also
+    passes its lines on to the root logger, so under Hydra (which gives the root a console and a file
+    handler) every INFO line came twice; ``lightning.pytorch``/``lightning.fabric``, when imported
+    before Hydra set up logging, print unformatted and skip the job's .log file. Keep the root's."""
+    if not logging.getLogger().handlers:
+        return
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        for handler in [h for h in logger.handlers if type(h) is logging.StreamHandler]:
+            logger.removeHandler(handler)
+        logger.propagate = True
 
 
 def check_strategy(cfg: DictConfig) -> None:

@@ -68,8 +68,8 @@ def select_probe_indices(lengths, probe_size: int, seed: int = 0, max_length: in
     return sorted((int(i) for i in chosen), key=lambda i: (int(lengths[i]), i))
 
 
-def summarize_report(report: dict[str, Any], prefix: str = "val/ident", per_head: bool = True) -> dict[str, float]:
-    """Means over the probe set: overall, per layer (joint dims) and (``per_head``) per layer/head."""
+def summarize_report(report: dict[str, Any], prefix: str = "val/ident") -> dict[str, float]:
+    """Means over the probe set: overall, per layer (joint dims) and per layer/head."""
     out: dict[str, float] = {}
     nd, snd = report["null_dim"], report["stochastic_null_dim"]
     _, L, H = nd.shape
@@ -83,7 +83,7 @@ def summarize_report(report: dict[str, Any], prefix: str = "val/ident", per_head
     for l in range(L):
         if L > 1:
             out[f"{prefix}/l{l}/joint_null_dim"] = float(report["joint_null_dim"][:, l].double().mean())
-        for h in range(H if per_head else 0):
+        for h in range(H):
             p = f"{prefix}/l{l}_h{h}"
             for key, name in _LOGGED.items():
                 out[f"{p}/{name}"] = float(report[key][:, l, h].double().mean())
@@ -92,6 +92,7 @@ def summarize_report(report: dict[str, Any], prefix: str = "val/ident", per_head
     return out
 
 
+_PER_HEAD_KEY = re.compile(r"^val/ident/l\d+_h\d+/")
 HEAD_COLUMNS = ["epoch", "layer", "head", *_LOGGED.values(), "identifiable_frac", "stochastic_identifiable_frac"]
 PROBE_COLUMNS = ["example", "length", "text", "layer", "head", "null_dim", "stochastic_null_dim", "identifiable",
                  "alt_tv", "effective_gap", "attention"]
@@ -261,9 +262,8 @@ class IdentifiabilityCallback(pl.Callback):
         metrics["val/ident/identifiable_length"] = float(bounds["head"])
         metrics["val/ident/joint_identifiable_length"] = float(bounds["joint"])
         metrics["val/ident/compute_s"] = time.perf_counter() - t0
-        per_head = re.compile(r"^val/ident/l\d+_h\d+/")
         for key, value in metrics.items():
-            if self.per_head_scalars or not per_head.match(key):
+            if self.per_head_scalars or not _PER_HEAD_KEY.match(key):
                 pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
         epoch = trainer.current_epoch
         self.last_report, self.last_metrics, self._last_epoch = report, metrics, epoch

@@ -114,14 +114,16 @@ def offline_wandb(monkeypatch, tmp_path):
     monkeypatch.delenv("WANDB_SWEEP_ID", raising=False)
 
 
+@pytest.mark.parametrize("async_plots", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_offline_run_has_epoch_axis_summaries_tables_group_overrides_and_files(make_cfg, tmp_path, offline_wandb,
-                                                                                 caplog):
+                                                                                 caplog, async_plots):
     cfg = make_cfg("logger=wandb", "logger.wandb.log_model=true", "trainer.max_epochs=2",
-                   "trainer.limit_train_batches=2", "seed=5")
+                   "trainer.limit_train_batches=2", "seed=5", f"callbacks.identifiability.async_plots={async_plots}",
+                   f"callbacks.identifiability.plot_every_n_epochs={1 if async_plots else 10}")
     with caplog.at_level(logging.INFO, logger="identifiable_transformers.training"):
         result = run(cfg)
     out = tmp_path / "run"
-    block = caplog.messages[-1].splitlines()  # the end of the run says where things are
+    [block] = [m.splitlines() for m in caplog.messages if m.startswith("Run finished")]  # where things are
     assert block[1:] == [
         f"  metrics          {out / 'metrics.json'}",
         f"  best checkpoint  {result['best_model_path']} (val/acc {result['best_val_acc']:.4f})",
@@ -144,10 +146,17 @@ def test_offline_run_has_epoch_axis_summaries_tables_group_overrides_and_files(m
     assert rec.summary["val/loss"] == {"min": min(h["val/loss"] for h in val_rows)}
     assert rec.summary["best_val_acc"] == pytest.approx(result["best_val_acc"])
 
-    # images and the per-head table share their epoch's row (same epoch, same trainer/global_step)
+    # the per-head table, and images drawn in place, share their epoch's row; images drawn in the plot
+    # thread come later in a row of their own, with their epoch's epoch and trainer/global_step
     last = val_rows[-1]
-    assert last["val/ident/null_dim_vs_length/_type"] == "images/separated"
-    assert last["val/ident/attention/count"] == 2
+    image_rows = [h for h in rec.history if "val/ident/attention/count" in h]
+    assert all(h["val/ident/null_dim_vs_length/_type"] == "images/separated" for h in image_rows)
+    assert all(h["val/ident/attention/count"] == 2 for h in image_rows)
+    if async_plots:
+        assert [h["epoch"] for h in image_rows] == [0, 1] and not any("val/acc" in h for h in image_rows)
+        assert [h["trainer/global_step"] for h in image_rows] == [h["trainer/global_step"] for h in val_rows]
+    else:
+        assert image_rows == [last]  # drawn on the last epoch only (plot_every_n_epochs=10)
     heads = 4  # one layer, 4 heads; the table holds every epoch so far
     assert [h["val/ident/heads/nrows"] for h in val_rows] == [heads, 2 * heads]
     assert last["val/ident/heads/ncols"] == 11

@@ -194,6 +194,9 @@ def test_offline_run_has_epoch_axis_summaries_tables_group_overrides_and_files(m
     assert "metrics.json" in rec.files
     saved = rec.path.parent / "files" / "metrics.json"
     assert json.loads(saved.read_text()) == json.loads((tmp_path / "run" / "metrics.json").read_text())
+    from identifiable_transformers.report import load_runs
+
+    assert len(load_runs(out)) == 1  # a sweep report counts the run once, not again for W&B's copy
     models = [a for a in rec.artifacts if a.type == "model"]
     assert len(models) == 1 and "best" in models[0].aliases
     assert [c.path for c in models[0].manifest.contents] == ["model.ckpt"]

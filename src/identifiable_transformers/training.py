@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import time
 import warnings
 from pathlib import Path
@@ -264,11 +265,12 @@ def where_things_are(output_dir: Path, result: dict) -> str:
     score = f" (val/acc {result['best_val_acc']:.4f})" if result.get("best_val_acc") is not None else ""
     lines = [f"Run finished in {result['runtime_s']:.0f} s: {output_dir}",
              f"  metrics          {output_dir / 'metrics.json'}",
-             f"  best checkpoint  {best}{score}" if best else "  best checkpoint  none was saved"]
+             f"  best checkpoint  {best}{score}" if best else "  best checkpoint  none (this run saved no checkpoint)"]
     if (output_dir / "identifiability").is_dir():
         lines.append(f"  identifiability  {output_dir / 'identifiability'} (probe.json, epoch_XXX/ metrics and plots)")
     if best:
-        lines.append(f"  analyze          python analyze.py ckpt_path={best} 'text=\"a gripping, beautiful film\"'")
+        text = shlex.quote('text="a gripping, beautiful film"')  # Hydra needs the inner quotes (comma)
+        lines.append(f"  analyze          python analyze.py {shlex.quote(f'ckpt_path={best}')} {text}")
     lines.append(f"  report           python -m identifiable_transformers.report {sweep_dir}")
     return "\n".join(lines)
 

@@ -284,6 +284,15 @@ def test_workspace_builder_builds_the_key_size_panels_offline(capsys):
     assert "test accuracy against key size" in capsys.readouterr().out
 
 
+def test_workspace_builder_without_a_route_to_wandb_fails_fast_with_a_message(monkeypatch, capsys):
+    from identifiable_transformers import wandb_workspace
+
+    monkeypatch.setattr(wandb_workspace, "host_reachable", lambda host: False)
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org")
+    assert wandb_workspace.main(["--entity", "someone"]) == 1
+    assert "wandb.example.org is unreachable" in capsys.readouterr().err
+
+
 def _readme_analyze_args(checkpoint: Path) -> list[str]:
     """The README's analyze example, split as a shell splits it, with ``checkpoint`` put in."""
     line = next(l for l in (ROOT / "README.md").read_text().splitlines() if l.startswith("python analyze.py"))

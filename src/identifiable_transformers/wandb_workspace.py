@@ -10,7 +10,11 @@ against ``epoch``; ``design`` and ``key_dim`` are the flat run-config keys ``tra
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from urllib.parse import urlparse
+
+from .data.sources import host_reachable
 
 PROJECT = "identifiable-transformers"
 
@@ -71,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{section.name}: " + "; ".join(p.title for p in section.panels))
     if args.dry_run:
         return 0
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    if not host_reachable(host):  # fail fast instead of W&B's minutes of retries
+        print(f"{host} is unreachable: the workspace needs a route to W&B (--dry-run builds it offline)",
+              file=sys.stderr)
+        return 1
     try:
         workspace.save()
     except Exception as err:  # no login, no network, no such project

@@ -1,5 +1,6 @@
-"""W&B for this project: Lightning's ``WandbLogger`` with per-epoch metrics on an ``epoch`` axis, and
-what a run adds at its end (overrides, ``metrics.json``, best values). See docs/training.md, "W&B"."""
+"""W&B for this project: Lightning's ``WandbLogger`` with per-epoch metrics on an ``epoch`` axis, media
+logged on their epoch's step, and what a run adds at its end (``metrics.json``, best values).
+See docs/training.md, "W&B"."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
-__all__ = ["WandbLogger", "define_epoch_metrics", "EPOCH_METRICS", "wandb_loggers", "log_epoch_media", "logged_step"]
+__all__ = ["EPOCH_METRICS", "WandbLogger", "define_epoch_metrics", "log_epoch_media", "log_run_end", "logged_step",
+           "wandb_loggers"]
 
 # Per-epoch keys and their summary. Keys logged every step (train/loss_step, lr-*) keep Lightning's
 # trainer/global_step axis. The val/* glob also covers val/ident/*, val/faith/* and their tables.
@@ -49,7 +51,8 @@ class WandbLogger(_LightningWandbLogger):
     def experiment(self):
         import wandb
 
-        if self._experiment is None and wandb.run is None and getattr(self, "_attach_id", None) is None:
+        fresh = self._experiment is None and wandb.run is None and getattr(self, "_attach_id", None) is None
+        if fresh and not self._wandb_init.get("sync_tensorboard"):  # (tensorboard sync: Lightning's own axes)
             if self._offline:
                 os.environ["WANDB_MODE"] = "dryrun"  # as Lightning does
             run = wandb.init(**self._wandb_init)

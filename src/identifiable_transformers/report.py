@@ -27,7 +27,8 @@ GROUP = ["data", "head_combine", "embed_dim", "num_heads", "key_dim", "value_dim
 
 
 def load_runs(sweep_dir: Path) -> pd.DataFrame:
-    files = sorted(sweep_dir.rglob("metrics.json"))
+    # a run's W&B folder holds a copy (files/metrics.json): count each run once
+    files = sorted(f for f in sweep_dir.rglob("metrics.json") if "wandb" not in f.relative_to(sweep_dir).parts)
     if not files:
         raise FileNotFoundError(f"no metrics.json under {sweep_dir}: pass the directory of a finished sweep")
     rows = []

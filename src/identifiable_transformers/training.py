@@ -6,24 +6,25 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
+import shlex
 import time
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
 import lightning.pytorch as pl
-import numpy as np
 import torch
 from filelock import FileLock
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities.seed import isolate_rng
 from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import CheckpointError, check_compatible, read_checkpoint
 from .data.sources import host_reachable
 from .data.tokenizer import tokenizer_from_str
+from .wandb_logging import log_run_end
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +55,48 @@ def _wandb_netrc_key() -> bool:
 
 
 def _hydra_runtime() -> tuple[bool, str, str]:
-    """(is_multirun, run name from the overrides, sweep group) — neutral values outside Hydra."""
+    """(is_multirun, run name, group) — neutral values outside Hydra.
+
+    The name is Hydra's ``override_dirname`` (conf/hydra/default.yaml leaves out seeds, paths and
+    logger settings). The group is the sweep inside a Hydra multirun or a W&B sweep, else the
+    experiment, ``<data>-<model>``.
+    """
     if not HydraConfig.initialized():
         return False, "run", "single"
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
-    name = hc.job.override_dirname or "default"
-    group = f"sweep-{Path(hc.sweep.dir).name}" if multirun else "single"
+    name = hc.job.override_dirname or "defaults"
+    if multirun:
+        group = f"sweep-{Path(hc.sweep.dir).name}"
+    elif os.environ.get("WANDB_SWEEP_ID"):
+        group = f"sweep-{os.environ['WANDB_SWEEP_ID']}"
+    else:
+        choices = hc.runtime.choices
+        group = "-".join(str(choices[k]) for k in ("data", "model") if choices.get(k)) or "single"
     return multirun, name, group
+
+
+def _hydra_overrides() -> dict:
+    """The command line's overrides and the chosen config options, for the W&B run's config."""
+    if not HydraConfig.initialized():
+        return {}
+    hc = HydraConfig.get()
+    return {"overrides": list(hc.overrides.task), "choices": {k: v for k, v in hc.runtime.choices.items()
+                                                             if k != "hydra" and not k.startswith("hydra/")}}
+
+
+def log_once() -> None:
+    """Lightning's package loggers print through console handlers of their own: ``lightning`` also
+    passes its lines on to the root logger, so under Hydra (which gives the root a console and a file
+    handler) every INFO line came twice; ``lightning.pytorch``/``lightning.fabric``, when imported
+    before Hydra set up logging, print unformatted and skip the job's .log file. Keep the root's."""
+    if not logging.getLogger().handlers:
+        return
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        for handler in [h for h in logger.handlers if type(h) is logging.StreamHandler]:
+            logger.removeHandler(handler)
+        logger.propagate = True
 
 
 def check_strategy(cfg: DictConfig) -> None:
@@ -82,23 +117,20 @@ def check_strategy(cfg: DictConfig) -> None:
     )
 
 
-@contextmanager
-def preserved_rng():
-    """Restore the torch, numpy and Python random states on exit."""
-    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
-    try:
-        yield
-    finally:
-        torch.set_rng_state(states[0])
-        np.random.set_state(states[1])
-        random.setstate(states[2])
-
-
 def _instantiate_dict(node: DictConfig | None) -> list:
     """Instantiate every entry with a ``_target_`` (config groups hold named entries)."""
     if not node:
         return []
     return [hydra.utils.instantiate(v) for v in node.values() if isinstance(v, DictConfig) and "_target_" in v]
+
+
+def study_keys(cfg: DictConfig) -> dict:
+    """Flat run-config keys the W&B workspace groups and plots by (wandb_workspace.py): the design
+    (the model config's name) and the key size actually used (key_dim null means d/h)."""
+    model = cfg.model
+    choice = HydraConfig.get().runtime.choices.get("model") if HydraConfig.initialized() else None
+    key_dim = model.get("key_dim") or model.embed_dim // model.num_heads
+    return {"design": choice or model.get("head_combine"), "key_dim": int(key_dim)}
 
 
 def build_loggers(cfg: DictConfig) -> list:
@@ -110,7 +142,9 @@ def build_loggers(cfg: DictConfig) -> list:
         if "WandbLogger" in conf._target_:
             configure_wandb_mode()
             extra = {"name": conf.get("name") or name, "group": conf.get("group") or group}
-            loggers.append(hydra.utils.instantiate(conf, **extra))
+            extra["config"] = {**study_keys(cfg), **({"hydra": h} if (h := _hydra_overrides()) else {})}
+            # partial: `config` (wandb.init's) would collide with instantiate's own first argument
+            loggers.append(hydra.utils.instantiate(conf, _partial_=True)(**extra))
         else:
             loggers.append(hydra.utils.instantiate(conf))
     return loggers
@@ -130,6 +164,7 @@ def _scalars(metrics: dict) -> dict[str, float]:
 def run(cfg: DictConfig) -> dict:
     """Train and/or test as configured; returns the metrics written to ``metrics.json``."""
     start = time.time()
+    log_once()
     check_strategy(cfg)
     if cfg.get("seed") is not None:
         pl.seed_everything(cfg.seed, workers=True)
@@ -177,7 +212,7 @@ def run(cfg: DictConfig) -> dict:
 
     try:
         params = count_parameters(model)
-        with preserved_rng():  # starting a W&B run draws random numbers; results must not depend on the logger
+        with isolate_rng():  # starting a W&B run draws random numbers; results must not depend on the logger
             for lg in loggers:
                 lg.log_hyperparams({"cfg": OmegaConf.to_container(cfg, resolve=True), **params})
         log.info("Parameters: %s", params)
@@ -230,10 +265,11 @@ def run(cfg: DictConfig) -> dict:
         if trainer.is_global_zero:
             (output_dir / "metrics.json").write_text(json.dumps(result, indent=2))
             OmegaConf.save(cfg, output_dir / "config_resolved.yaml", resolve=True)
-            log.info("Wrote %s", output_dir / "metrics.json")
+            log_run_end(loggers, output_dir, result)
+            log.info("%s", where_things_are(output_dir, result))
         return result
     finally:
-        if any(type(lg).__name__ == "WandbLogger" for lg in loggers):
+        if any(isinstance(lg, WandbLogger) for lg in loggers):
             import wandb
 
             wandb.finish()
@@ -249,6 +285,24 @@ def _check_same_tokenizer(ckpt: dict, datamodule, path: str) -> None:
         f"(vocabulary {tokenizer_from_str(saved).get_vocab_size()} vs {datamodule.vocab_size}): its token "
         "ids would mean other words. Use the data settings it was trained with, or pass its tokenizer with "
         "data.tokenizer_file=<its run dir>/tokenizer.json.")
+
+
+def where_things_are(output_dir: Path, result: dict) -> str:
+    """The end-of-run block: where the metrics, the best checkpoint and the plots are, what to run next."""
+    multirun, _, _ = _hydra_runtime()
+    sweep_dir = output_dir.parent if multirun else output_dir
+    best = result.get("best_model_path")
+    score = f" (val/acc {result['best_val_acc']:.4f})" if result.get("best_val_acc") is not None else ""
+    lines = [f"Run finished in {result['runtime_s']:.0f} s: {output_dir}",
+             f"  metrics          {output_dir / 'metrics.json'}",
+             f"  best checkpoint  {best}{score}" if best else "  best checkpoint  none (this run saved no checkpoint)"]
+    if (output_dir / "identifiability").is_dir():
+        lines.append(f"  identifiability  {output_dir / 'identifiability'} (probe.json, epoch_XXX/ metrics and plots)")
+    if best:
+        text = shlex.quote('text="a gripping, beautiful film"')  # Hydra needs the inner quotes (comma)
+        lines.append(f"  analyze          python analyze.py {shlex.quote(f'ckpt_path={best}')} {text}")
+    lines.append(f"  report           python -m identifiable_transformers.report {sweep_dir}")
+    return "\n".join(lines)
 
 
 def _epoch_of(path: str) -> int | None:

@@ -139,24 +139,42 @@ def test_probe_selection_is_seeded_stratified_and_capped():
         IdentifiabilityCallback(probe_size=0)
 
 
-def test_rendered_figures_go_to_wandb_loggers_only():
+def test_rendered_figures_go_to_wandb_loggers_only_with_their_epoch(tmp_path):
     from types import SimpleNamespace
 
     from lightning.pytorch.loggers import WandbLogger
+    from PIL import Image
 
-    class FakeWandb(WandbLogger):
-        def __init__(self):  # no W&B run: only log_image is used
+    class FakeRun:
+        def __init__(self):
             self.calls = []
 
-        def log_image(self, key, images, step=None, **kwargs):
-            self.calls.append((key, images, step, kwargs.get("caption")))
+        def log(self, data, commit=None):
+            self.calls.append((data, commit))
 
+    class FakeWandb(WandbLogger):
+        def __init__(self):  # no W&B run: only experiment.log is used
+            self.run = FakeRun()
+
+        @property
+        def experiment(self):
+            return self.run
+
+    paths = []
+    for name in ("a", "b", "c"):
+        paths.append(str(tmp_path / f"{name}.png"))
+        Image.new("RGB", (4, 4)).save(paths[-1])
     wb = FakeWandb()
-    trainer = SimpleNamespace(loggers=[CSVLogger("unused"), wb])
-    rendered = {"step": 7, "null_dim_vs_length": ["a.png"], "attention": ["b.png", "c.png"], "captions": ["b", "c"]}
-    IdentifiabilityCallback._log_wandb(trainer, rendered)
-    assert wb.calls == [("val/ident/null_dim_vs_length", ["a.png"], 7, None),
-                        ("val/ident/attention", ["b.png", "c.png"], 7, ["b", "c"])]
+    trainer = SimpleNamespace(loggers=[CSVLogger(tmp_path), wb])
+    rendered = {"epoch": 3, "step": 7, "null_dim_vs_length": paths[:1], "attention": paths[1:], "captions": ["b", "c"]}
+    IdentifiabilityCallback._log_wandb(trainer, rendered, same_row=True)
+    [(data, commit)] = wb.run.calls
+    assert commit is False  # held for the epoch's scalars, which Lightning logs next
+    assert (data["epoch"], data["trainer/global_step"]) == (3, 7)
+    assert len(data["val/ident/null_dim_vs_length"]) == 1
+    assert [image._caption for image in data["val/ident/attention"]] == ["b", "c"]
+    IdentifiabilityCallback._log_wandb(trainer, rendered)  # finished later in the plot thread: a row of its own
+    assert wb.run.calls[1][1] is True
 
 
 def test_figures_on_every_nth_and_the_last_epoch_metrics_every_epoch(tmp_path):

@@ -3,7 +3,9 @@
 At the end of every ``every_n_epochs``-th validation epoch (never during the sanity check) the
 callback runs ``attention_identifiability`` on a fixed, seeded probe set drawn from the
 validation split, logs per layer/head and overall means under ``val/ident/...`` and writes
-plots (PNG, and W&B images when a ``WandbLogger`` is attached). Only global rank 0 computes,
+plots (PNG, and W&B images when a ``WandbLogger`` is attached). With a ``WandbLogger`` it also logs
+the per-head values as a table every epoch (``val/ident/heads``) and, at the end of fit, a table of
+the probe examples with their attention maps (``val/ident/probe``). Only global rank 0 computes,
 logs and writes files; the maths is cheap (one batched float64 SVD per distinct length).
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from ..wandb_logging import log_epoch_media, logged_step, wandb_loggers
 from .identifiability import attention_identifiability, identifiable_length
 
 log = logging.getLogger(__name__)
@@ -88,6 +92,31 @@ def summarize_report(report: dict[str, Any], prefix: str = "val/ident") -> dict[
     return out
 
 
+_PER_HEAD_KEY = re.compile(r"^val/ident/l\d+_h\d+/")
+HEAD_COLUMNS = ["epoch", "layer", "head", *_LOGGED.values(), "identifiable_frac", "stochastic_identifiable_frac"]
+PROBE_COLUMNS = ["example", "length", "text", "layer", "head", "null_dim", "stochastic_null_dim", "identifiable",
+                 "alt_tv", "effective_gap", "attention"]
+
+
+def head_rows(report: dict[str, Any], epoch: int) -> list[list]:
+    """One row per layer and head (``HEAD_COLUMNS``): means over the probe set."""
+    nd, snd = report["null_dim"], report["stochastic_null_dim"]
+    _, L, H = nd.shape
+    return [[epoch, l, h, *(float(report[k][:, l, h].double().mean()) for k in _LOGGED),
+             float((nd[:, l, h] == 0).double().mean()), float((snd[:, l, h] == 0).double().mean())]
+            for l in range(L) for h in range(H)]
+
+
+def attention_image(weights: np.ndarray, pixels: int = 128) -> np.ndarray:
+    """An n x n attention map as an RGB uint8 heatmap (viridis, scaled to its max), about ``pixels`` wide."""
+    from matplotlib import colormaps
+
+    scaled = weights / max(float(weights.max()), 1e-12)
+    rgb = (colormaps["viridis"](scaled)[..., :3] * 255).astype(np.uint8)
+    k = max(1, pixels // max(weights.shape[0], 1))
+    return rgb.repeat(k, axis=0).repeat(k, axis=1)
+
+
 class IdentifiabilityCallback(pl.Callback):
     """Log identifiability diagnostics of the attention heads once per validation epoch.
 
@@ -109,6 +138,12 @@ class IdentifiabilityCallback(pl.Callback):
             None (default) = only when the model trains on an accelerator. On a CPU-only machine
             the thread competes with training for the same cores and makes the epoch slower.
             Finished figures go to W&B at the next epoch end and all are flushed at the end of fit.
+        per_head_scalars: log ``val/ident/l{l}_h{h}/<metric>`` scalars (False: only the overall and
+            per-layer means; the per-head values are still in ``ident_metrics.json`` and, with W&B,
+            in the ``val/ident/heads`` table).
+        wandb_tables: with a ``WandbLogger``, log the ``val/ident/heads`` table every diagnosed
+            epoch and the ``val/ident/probe`` table (every probe example, layer and head, with its
+            attention map) at the end of fit.
     """
 
     def __init__(
@@ -122,6 +157,8 @@ class IdentifiabilityCallback(pl.Callback):
         plots: bool = True,
         plot_every_n_epochs: int = 10,
         async_plots: bool | None = None,
+        per_head_scalars: bool = True,
+        wandb_tables: bool = True,
     ) -> None:
         super().__init__()
         if probe_size < 1:
@@ -139,6 +176,9 @@ class IdentifiabilityCallback(pl.Callback):
         self.output_dir = output_dir
         self.plots, self.async_plots = plots, async_plots
         self.plot_every_n_epochs = plot_every_n_epochs
+        self.per_head_scalars, self.wandb_tables = per_head_scalars, wandb_tables
+        self._head_rows: list[list] = []
+        self._last_epoch = 0
         self._executor = None
         self._pending: list = []
         self._probe: dict[str, Any] | None = None
@@ -223,11 +263,19 @@ class IdentifiabilityCallback(pl.Callback):
         metrics["val/ident/joint_identifiable_length"] = float(bounds["joint"])
         metrics["val/ident/compute_s"] = time.perf_counter() - t0
         for key, value in metrics.items():
-            pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
-        self.last_report, self.last_metrics = report, metrics
-        out = self._out_dir(trainer) / f"epoch_{trainer.current_epoch:03d}"
+            if self.per_head_scalars or not _PER_HEAD_KEY.match(key):
+                pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
+        epoch = trainer.current_epoch
+        self.last_report, self.last_metrics, self._last_epoch = report, metrics, epoch
+        out = self._out_dir(trainer) / f"epoch_{epoch:03d}"
         out.mkdir(parents=True, exist_ok=True)
         (out / "ident_metrics.json").write_text(json.dumps(metrics, indent=1))
+        if self.wandb_tables and wandb_loggers(trainer):
+            import wandb
+
+            self._head_rows += head_rows(report, epoch)  # all epochs so far: the newest table shows the history
+            log_epoch_media(trainer, {"val/ident/heads": wandb.Table(columns=HEAD_COLUMNS, data=self._head_rows)},
+                            epoch, logged_step(trainer), same_row=True)
         if self._plots_now(trainer):
             self._plot(trainer, pl_module, report, probe, out)
 
@@ -250,7 +298,7 @@ class IdentifiabilityCallback(pl.Callback):
         model = pl_module.model
         epoch = trainer.current_epoch
         job: dict[str, Any] = {
-            "out": out, "epoch": epoch, "step": trainer.global_step,
+            "out": out, "epoch": epoch, "step": logged_step(trainer),
             "lengths": report["lengths"].numpy(), "null_dim": report["null_dim"].numpy(),
             "stochastic_null_dim": report["stochastic_null_dim"].numpy(),
             "model": dict(embed_dim=model.embed_dim, num_heads=model.num_heads, value_dim=model.value_dim,
@@ -274,8 +322,8 @@ class IdentifiabilityCallback(pl.Callback):
 
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ident-plots")
             self._pending.append(self._executor.submit(_render, job))
-        else:
-            self._log_wandb(trainer, _render(job))
+        else:  # before Lightning logs this epoch's scalars: the images join their history row
+            self._log_wandb(trainer, _render(job), same_row=True)
 
     def _flush(self, trainer: pl.Trainer, wait: bool) -> None:
         """Send finished renders to W&B from the main thread (all of them when ``wait``)."""
@@ -292,6 +340,29 @@ class IdentifiabilityCallback(pl.Callback):
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._flush(trainer, wait=True)
+        if self.wandb_tables and self.last_report is not None and trainer.is_global_zero and wandb_loggers(trainer):
+            self._log_probe_table(trainer, pl_module)
+
+    def _log_probe_table(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Every probe example, layer and head of the final model: text, null dims, verdict, attention."""
+        import wandb
+
+        probe, batch = self._probe, self._probe["batch"]
+        report = attention_identifiability(pl_module.model, batch["input_ids"].to(pl_module.device),
+                                           batch["attention_mask"].to(pl_module.device), return_maps=True)
+        rows = []
+        for pos, index in enumerate(probe["indices"]):
+            n = int(report["lengths"][pos])
+            text = " ".join(probe["tokens"][pos][:n]) if probe["tokens"] is not None else ""
+            attention = report["maps"][pos]["attention"].numpy()  # [L, H, n, n]
+            for l in range(attention.shape[0]):
+                for h in range(attention.shape[1]):
+                    nd = int(report["null_dim"][pos, l, h])
+                    rows.append([index, n, text, l, h, nd, int(report["stochastic_null_dim"][pos, l, h]), nd == 0,
+                                 float(report["alt_attention_tv"][pos, l, h]), float(report["effective_gap"][pos, l, h]),
+                                 wandb.Image(attention_image(attention[l, h]))])
+        log_epoch_media(trainer, {"val/ident/probe": wandb.Table(columns=PROBE_COLUMNS, data=rows)},
+                        self._last_epoch, logged_step(trainer), same_row=False)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.training:  # trainer.validate(): nothing runs after, so finish now
@@ -304,18 +375,17 @@ class IdentifiabilityCallback(pl.Callback):
             self._executor = None
 
     @staticmethod
-    def _log_wandb(trainer: pl.Trainer, rendered: dict[str, Any]) -> None:
-        try:
-            from lightning.pytorch.loggers import WandbLogger
-        except ImportError:  # pragma: no cover
+    def _log_wandb(trainer: pl.Trainer, rendered: dict[str, Any], same_row: bool = False) -> None:
+        """Log one epoch's figures with that epoch's ``epoch`` and ``trainer/global_step``."""
+        if not wandb_loggers(trainer):
             return
-        for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger):
-                logger.log_image(key="val/ident/null_dim_vs_length", images=rendered["null_dim_vs_length"],
-                                 step=rendered["step"])
-                if rendered["attention"]:
-                    logger.log_image(key="val/ident/attention", images=rendered["attention"],
-                                     caption=rendered["captions"], step=rendered["step"])
+        import wandb
+
+        images = {"val/ident/null_dim_vs_length": [wandb.Image(p) for p in rendered["null_dim_vs_length"]]}
+        if rendered["attention"]:
+            images["val/ident/attention"] = [wandb.Image(p, caption=c)
+                                             for p, c in zip(rendered["attention"], rendered["captions"])]
+        log_epoch_media(trainer, images, rendered["epoch"], rendered["step"], same_row)
 
 
 def _render(job: dict[str, Any]) -> dict[str, Any]:
@@ -328,7 +398,7 @@ def _render(job: dict[str, Any]) -> dict[str, Any]:
         title=f"epoch {epoch}: null dims vs length ({cfg['head_combine']}, d={cfg['embed_dim']}, "
               f"h={cfg['num_heads']}, d_v={cfg['value_dim']})",
     )
-    rendered = {"step": job["step"], "null_dim_vs_length": [str(save_figure(fig, out / "null_dim_vs_length.png"))],
+    rendered = {"epoch": epoch, "step": job["step"], "null_dim_vs_length": [str(save_figure(fig, out / "null_dim_vs_length.png"))],
                 "attention": [], "captions": []}
     for ex in job["examples"]:
         fig = plot_attention_maps(

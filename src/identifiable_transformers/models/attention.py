@@ -190,17 +190,23 @@ class MultiHeadSelfAttention(nn.Module):
         weights = self._weights(q, k, key_padding_mask)
         if self.weights_hook is not None:
             weights = self.weights_hook(weights, key_padding_mask)
+        dropped, scale = self._drop(weights, p)
         b, h, t, _ = weights.shape
-        dropped, keep_scale = weights, 1.0
-        if p > 0.0 and torch.compiler.is_compiling():
-            dropped = F.dropout(weights, p)  # fused by inductor with the softmax
-        elif p > 0.0:
-            keep, keep_scale = keep_mask(weights.shape, p, weights.device)
-            dropped = weights * keep  # one pass, forward and backward (masked_fill would copy first)
         heads = torch.bmm(dropped.reshape(b * h, t, t), v.reshape(b * h, t, self.value_dim))
         combined = self._combine(heads.view(b, h, t, self.value_dim))
-        # Dropout's 1/(1 - p) is applied to the (B, T, .) combined heads, not to the (B, H, T, T) weights.
-        return self.out_proj(combined * keep_scale if keep_scale != 1.0 else combined), weights if need_weights else None
+        if scale != 1.0:
+            combined = combined * scale  # dropout's 1/(1 - p), cheaper here than on the (B, H, T, T) weights
+        return self.out_proj(combined), weights if need_weights else None
+
+    @staticmethod
+    def _drop(weights: torch.Tensor, p: float) -> tuple[torch.Tensor, float]:
+        """Dropout on the weights without its 1/(1 - p) scale, and that scale."""
+        if p == 0.0:
+            return weights, 1.0
+        if torch.compiler.is_compiling():
+            return F.dropout(weights, p), 1.0  # inductor fuses its own dropout with the softmax
+        keep, scale = keep_mask(weights.shape, p, weights.device)
+        return weights * keep, scale  # one pass forward and backward (masked_fill would copy first)
 
     def head_out_proj(self) -> torch.Tensor:
         """(H, dv, d): W_o^h, the map from head h's value space to the output."""

@@ -103,7 +103,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     if torch.compiler.is_compiling():  # inductor generates its own random numbers, fused into the kernel
         return F.dropout(x, p)
     keep, scale = keep_mask(x.shape, p, x.device)
-    return x * keep * scale
+    return x.where(keep, 0.0) * scale
 
 
 class Dropout(nn.Dropout):
@@ -206,7 +206,7 @@ class MultiHeadSelfAttention(nn.Module):
         if torch.compiler.is_compiling():
             return F.dropout(weights, p), 1.0  # inductor fuses its own dropout with the softmax
         keep, scale = keep_mask(weights.shape, p, weights.device)
-        return weights * keep, scale  # one pass forward and backward (masked_fill would copy first)
+        return weights.where(keep, 0.0), scale  # one pass each way (a product with the bool mask would cast it first)
 
     def head_out_proj(self) -> torch.Tensor:
         """(H, dv, d): W_o^h, the map from head h's value space to the output."""

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from identifiable_transformers.models import MultiHeadSelfAttention, TransformerClassifier, override_attention
+from identifiable_transformers.models import attention
 from identifiable_transformers.models.attention import Dropout, keep_mask
 
 
@@ -71,7 +72,11 @@ def test_full_rows_need_no_mask(head_combine, need_weights):
 
 
 @pytest.mark.parametrize("head_combine", ["concat", "add"])
-def test_training_path_with_dropout_equals_the_loop_with_the_same_mask(head_combine):
+@pytest.mark.parametrize("keep_mask_path", [True, False])
+def test_training_path_with_dropout_equals_the_loop_with_the_same_mask(head_combine, keep_mask_path, monkeypatch):
+    """Large weights use keep_mask (forced here with a threshold of 0), small ones torch's dropout."""
+    if keep_mask_path:
+        monkeypatch.setattr(attention, "KEEP_MASK_MIN_NUMEL", 0)
     torch.manual_seed(2)
     attn = MultiHeadSelfAttention(16, 4, key_dim=3, head_combine=head_combine, dropout=0.3).train()
     _random_biases(attn)
@@ -79,7 +84,10 @@ def test_training_path_with_dropout_equals_the_loop_with_the_same_mask(head_comb
     torch.manual_seed(10)
     out, _ = attn(x, mask)
     torch.manual_seed(10)
-    keep, scale = keep_mask(torch.Size([3, 4, 9, 9]), 0.3)
+    if keep_mask_path:
+        keep, scale = keep_mask(torch.Size([3, 4, 9, 9]), 0.3)
+    else:
+        keep, scale = torch.nn.functional.dropout(torch.ones(3, 4, 9, 9), 0.3) != 0, 1 / 0.7
     drop = ~keep
     torch.testing.assert_close(out, _loop_attention(attn, x, mask, drop, scale), atol=1e-5, rtol=1e-5)
     assert drop.any() and not drop.all()
@@ -121,7 +129,8 @@ def test_keep_mask_rate_scale_and_independence():
     assert torch.equal(keep_mask(torch.Size([n]), 0.1)[0], keep)  # governed by torch's seed
 
 
-def test_dropout_module_keeps_or_zeroes_and_is_identity_in_eval():
+def test_dropout_module_keeps_or_zeroes_and_is_identity_in_eval(monkeypatch):
+    monkeypatch.setattr(attention, "KEEP_MASK_MIN_NUMEL", 0)
     torch.manual_seed(5)
     x = torch.rand(1000) + 1.0
     layer = Dropout(0.25)

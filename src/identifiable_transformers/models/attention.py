@@ -96,11 +96,20 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device | None = None) -
     return keep, 1.0 / (1.0 - threshold / 2**16)
 
 
+# Below this many entries torch's own dropout is as fast (keep_mask's few extra ops cost more than they save).
+KEEP_MASK_MIN_NUMEL = 2**20
+
+
+def _torch_dropout_is_better(x: torch.Tensor) -> bool:
+    # Under torch.compile inductor draws its own random numbers inside the fused kernel.
+    return torch.compiler.is_compiling() or x.numel() < KEEP_MASK_MIN_NUMEL
+
+
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
-    """``F.dropout`` with the cheaper mask of ``keep_mask``."""
+    """``F.dropout``, with the cheaper mask of ``keep_mask`` for large tensors."""
     if not training or p == 0.0:
         return x
-    if torch.compiler.is_compiling():  # inductor generates its own random numbers, fused into the kernel
+    if _torch_dropout_is_better(x):
         return F.dropout(x, p)
     keep, scale = keep_mask(x.shape, p, x.device)
     return x.where(keep, 0.0) * scale
@@ -203,8 +212,8 @@ class MultiHeadSelfAttention(nn.Module):
         """Dropout on the weights without its 1/(1 - p) scale, and that scale."""
         if p == 0.0:
             return weights, 1.0
-        if torch.compiler.is_compiling():
-            return F.dropout(weights, p), 1.0  # inductor fuses its own dropout with the softmax
+        if _torch_dropout_is_better(weights):
+            return F.dropout(weights, p), 1.0
         keep, scale = keep_mask(weights.shape, p, weights.device)
         return weights.where(keep, 0.0), scale  # one pass each way (a product with the bool mask would cast it first)
 

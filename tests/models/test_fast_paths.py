@@ -43,15 +43,20 @@ def _loop_attention(attn, x, mask, drop=None, scale=1.0):
 
 
 @pytest.mark.parametrize("head_combine", ["concat", "add"])
-def test_fused_projection_equals_separate_linear_layers(head_combine):
+def test_projections_run_through_the_linear_modules(head_combine):
+    """The diagnostics capture q and k with forward hooks on q_proj / k_proj: they must fire."""
     torch.manual_seed(0)
     attn = MultiHeadSelfAttention(12, 3, key_dim=2, head_combine=head_combine)
     _random_biases(attn)
     x = torch.randn(2, 5, 12)
+    seen = {}
+    for name in ("q_proj", "k_proj", "v_proj"):
+        getattr(attn, name).register_forward_hook(lambda _m, _i, out, name=name: seen.setdefault(name, out))
     q, k, v = attn._project(x)
-    for fused, lin, size in ((q, attn.q_proj, attn.key_dim), (k, attn.k_proj, attn.key_dim),
-                             (v, attn.v_proj, attn.value_dim)):
-        torch.testing.assert_close(fused, lin(x).view(2, 5, 3, size).transpose(1, 2))
+    for out, name, size in ((q, "q_proj", attn.key_dim), (k, "k_proj", attn.key_dim), (v, "v_proj", attn.value_dim)):
+        expected = x @ getattr(attn, name).weight.T + getattr(attn, name).bias
+        torch.testing.assert_close(out, expected.view(2, 5, 3, size).transpose(1, 2))
+        torch.testing.assert_close(seen[name], expected)
     assert {"q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight"} <= set(attn.state_dict())
 
 

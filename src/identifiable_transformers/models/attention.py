@@ -151,15 +151,12 @@ class MultiHeadSelfAttention(nn.Module):
             nn.init.zeros_(lin.bias)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k (B, H, T, dk) and v (B, H, T, dv) from one matmul with the three projections stacked."""
+        # Through the nn.Linear modules, not one stacked F.linear: the diagnostics hook q_proj and k_proj.
         b, t, _ = x.shape
         h, dk, dv = self.num_heads, self.key_dim, self.value_dim
-        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
-        q, k, v = F.linear(x, weight, bias).split([h * dk, h * dk, h * dv], dim=-1)
-        q = q.view(b, t, h, dk).transpose(1, 2)
-        k = k.view(b, t, h, dk).transpose(1, 2)
-        v = v.view(b, t, h, dv).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, h, dk).transpose(1, 2)  # (B, H, T, dk)
+        k = self.k_proj(x).view(b, t, h, dk).transpose(1, 2)  # (B, H, T, dk)
+        v = self.v_proj(x).view(b, t, h, dv).transpose(1, 2)  # (B, H, T, dv)
         return q, k, v
 
     def _weights(self, q: torch.Tensor, k: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:

@@ -96,7 +96,8 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device | None = None) -
     return keep, 1.0 / (1.0 - threshold / 2**16)
 
 
-# Below this many entries torch's own dropout is as fast (keep_mask's few extra ops cost more than they save).
+# Below this many entries torch's own dropout is used: on small tensors keep_mask's extra ops cost more than
+# they save (bench_model.py --quick ran at 0.46x of torch's layer with keep_mask everywhere, 1.33x without).
 KEEP_MASK_MIN_NUMEL = 2**20
 
 

@@ -25,6 +25,7 @@ from .checkpoint import read_checkpoint
 from .models import TransformerClassifier
 
 SCHEDULERS = ("constant", "linear", "cosine")
+_FUSED_ADAMW_DEVICES = ("cpu", "cuda", "mps", "xpu")
 _MODEL_ARGS = set(inspect.signature(TransformerClassifier).parameters)
 
 
@@ -37,6 +38,20 @@ def _numpy_state_to_tensors(state: tuple) -> tuple:
 def _numpy_state_from_tensors(state: tuple) -> tuple:
     name, keys, pos, has_gauss, cached = state
     return name, keys.numpy().astype(np.uint32), pos, has_gauss, cached
+
+
+def _compile_in_place(model: torch.nn.Module) -> None:
+    """torch.compile ``model``'s forward in place (its parameter names, hence checkpoints, stay the same)."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception as err:
+        raise RuntimeError(
+            f"model.compile=true needs a C++ compiler for torch.compile, and none was found ({err}). "
+            "Install one (e.g. g++) or set model.compile=false."
+        ) from None
+    model.compile()
 
 
 class TextClassifier(pl.LightningModule):
@@ -59,6 +74,7 @@ class TextClassifier(pl.LightningModule):
         pad_id: int = 0,
         activation: str = "relu",
         norm_first: bool = False,
+        compile: bool = False,  # torch.compile the encoder (opt-in; docs/performance.md)
         # optimisation
         lr: float = 1e-3,
         weight_decay: float = 0.01,
@@ -79,6 +95,8 @@ class TextClassifier(pl.LightningModule):
         # logger=False: the training app logs the resolved config itself (without the tokenizer blob).
         self.save_hyperparameters(logger=False)
         self.model = TransformerClassifier(**{k: v for k, v in self.hparams.items() if k in _MODEL_ARGS})
+        if compile:
+            _compile_in_place(self.model)
         # Paper-style accuracy is micro-averaged; torchmetrics' default would average per class.
         metrics = MetricCollection({
             "acc": MulticlassAccuracy(num_classes, average="micro"),
@@ -187,9 +205,12 @@ class TextClassifier(pl.LightningModule):
         decay, no_decay = [], []
         for name, p in self.model.named_parameters():
             (decay if p.dim() >= 2 and "embedding" not in name else no_decay).append(p)
+        # The fused kernel: one pass over all parameters, 8x faster than the default loop on CPU
+        # (docs/performance.md); on devices without it, the default implementation.
+        fused = all(p.device.type in _FUSED_ADAMW_DEVICES for p in decay + no_decay)
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=hp.lr, betas=tuple(hp.betas),
+            lr=hp.lr, betas=tuple(hp.betas), fused=fused or None,
         )
         if hp.scheduler == "constant" and hp.warmup_steps == 0:
             return optimizer

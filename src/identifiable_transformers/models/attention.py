@@ -71,6 +71,58 @@ def resolve_head_dims(
     return key_dim, value_dim
 
 
+def _has_padding(key_padding_mask: torch.Tensor | None) -> bool:
+    """Whether the mask hides any key (under torch.compile: whether there is a mask, to avoid a graph break)."""
+    if key_padding_mask is None:
+        return False
+    return torch.compiler.is_compiling() or not bool(key_padding_mask.all())
+
+
+def keep_mask(shape: torch.Size, p: float, device: torch.device | None = None) -> tuple[torch.Tensor, float]:
+    """A dropout keep-mask (True = kept) of the given shape and the scale 1 / (1 - rate) for the kept entries.
+
+    Each entry is drawn from 16 random bits, four per 64-bit draw of torch's generator (so
+    ``torch.manual_seed`` governs it): the rate is ``p`` rounded to a multiple of 1/65536 (0.1 ->
+    0.100006) and the scale uses that exact rate, so the expectation is unchanged. On CPU this is
+    several times cheaper than ``torch.bernoulli_``, which costs a sixth of a training step at 512
+    tokens (docs/performance.md).
+    """
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {p}")
+    n = math.prod(shape)
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)
+    threshold = min(round(p * 2**16), 2**16 - 1)
+    keep = bits.view(torch.int16)[:n].view(shape) >= threshold - 2**15  # int16 is uniform on [-2^15, 2^15)
+    return keep, 1.0 / (1.0 - threshold / 2**16)
+
+
+# Below this many entries torch's own dropout is used: on small tensors keep_mask's extra ops cost more than
+# they save (bench_model.py --quick ran at 0.46x of torch's layer with keep_mask everywhere, 1.33x without).
+KEEP_MASK_MIN_NUMEL = 2**20
+
+
+def _torch_dropout_is_better(x: torch.Tensor) -> bool:
+    # Under torch.compile inductor draws its own random numbers inside the fused kernel.
+    return torch.compiler.is_compiling() or x.numel() < KEEP_MASK_MIN_NUMEL
+
+
+def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """``F.dropout``, with the cheaper mask of ``keep_mask`` for large tensors."""
+    if not training or p == 0.0:
+        return x
+    if _torch_dropout_is_better(x):
+        return F.dropout(x, p)
+    keep, scale = keep_mask(x.shape, p, x.device)
+    return x.where(keep, 0.0) * scale
+
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` drawing its mask with ``keep_mask`` (same ``p``, same state: none)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+
 class MultiHeadSelfAttention(nn.Module):
     def __init__(
         self,
@@ -100,6 +152,7 @@ class MultiHeadSelfAttention(nn.Module):
             nn.init.zeros_(lin.bias)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # Through the nn.Linear modules, not one stacked F.linear: the diagnostics hook q_proj and k_proj.
         b, t, _ = x.shape
         h, dk, dv = self.num_heads, self.key_dim, self.value_dim
         q = self.q_proj(x).view(b, t, h, dk).transpose(1, 2)  # (B, H, T, dk)
@@ -107,11 +160,19 @@ class MultiHeadSelfAttention(nn.Module):
         v = self.v_proj(x).view(b, t, h, dv).transpose(1, 2)  # (B, H, T, dv)
         return q, k, v
 
-    def _weights(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        logits = q @ k.transpose(-2, -1) / math.sqrt(self.key_dim)  # (B, H, T, T)
-        if mask is not None:
-            logits = logits.masked_fill(~mask, float("-inf"))
-        return logits.softmax(dim=-1)
+    def _weights(self, q: torch.Tensor, k: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+        """Softmax weights (B, H, T, T); padded keys get exactly 0."""
+        b, h, t, dk = q.shape
+        q, k = q.reshape(b * h, t, dk), k.reshape(b * h, t, dk)
+        scale = 1 / math.sqrt(self.key_dim)
+        if not _has_padding(key_padding_mask):
+            logits = torch.bmm(q * scale, k.transpose(1, 2))
+        else:
+            # The mask enters as an additive bias (0 / -inf per key) that the matmul accumulates onto,
+            # so no masked copy of the (B*H, T, T) logits is made.
+            bias = torch.zeros(b, 1, t, dtype=q.dtype, device=q.device).masked_fill_(~key_padding_mask[:, None], -math.inf)
+            logits = torch.baddbmm(bias.repeat_interleave(h, dim=0), q, k.transpose(1, 2), alpha=scale)
+        return logits.softmax(dim=-1).view(b, h, t, t)
 
     def _combine(self, heads: torch.Tensor) -> torch.Tensor:
         b, h, t, dv = heads.shape
@@ -127,18 +188,32 @@ class MultiHeadSelfAttention(nn.Module):
         Returns the attention output (B, T, d) and, if ``need_weights``, the weights (B, H, T, T).
         """
         q, k, v = self._project(x)
-        # (B, 1, 1, T): broadcast per example over heads and queries, never tiled across heads.
-        mask = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
         p = self.dropout if self.training else 0.0
-        if need_weights or self.weights_hook is not None:
-            weights = self._weights(q, k, mask)
-            if self.weights_hook is not None:
-                weights = self.weights_hook(weights, key_padding_mask)
-            heads = F.dropout(weights, p, self.training) @ v  # (B, H, T, dv)
-        else:
-            weights = None
-            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1 / math.sqrt(self.key_dim))
-        return self.out_proj(self._combine(heads)), weights
+        if p == 0.0 and not need_weights and self.weights_hook is None:
+            # No weights to show, change or drop: torch's fused attention (its own kernel choice).
+            mask = key_padding_mask[:, None, None, :] if _has_padding(key_padding_mask) else None
+            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(self.key_dim))
+            return self.out_proj(self._combine(heads)), None
+        weights = self._weights(q, k, key_padding_mask)
+        if self.weights_hook is not None:
+            weights = self.weights_hook(weights, key_padding_mask)
+        dropped, scale = self._drop(weights, p)
+        b, h, t, _ = weights.shape
+        heads = torch.bmm(dropped.reshape(b * h, t, t), v.reshape(b * h, t, self.value_dim))
+        combined = self._combine(heads.view(b, h, t, self.value_dim))
+        if scale != 1.0:
+            combined = combined * scale  # dropout's 1/(1 - p), cheaper here than on the (B, H, T, T) weights
+        return self.out_proj(combined), weights if need_weights else None
+
+    @staticmethod
+    def _drop(weights: torch.Tensor, p: float) -> tuple[torch.Tensor, float]:
+        """Dropout on the weights without its 1/(1 - p) scale, and that scale."""
+        if p == 0.0:
+            return weights, 1.0
+        if _torch_dropout_is_better(weights):
+            return F.dropout(weights, p), 1.0
+        keep, scale = keep_mask(weights.shape, p, weights.device)
+        return weights.where(keep, 0.0), scale  # one pass each way (a product with the bool mask would cast it first)
 
     def head_out_proj(self) -> torch.Tensor:
         """(H, dv, d): W_o^h, the map from head h's value space to the output."""
@@ -150,8 +225,7 @@ class MultiHeadSelfAttention(nn.Module):
     def internals(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> AttentionInternals:
         """Attention weights, value vectors and per-head output maps for input x (no dropout)."""
         q, k, v = self._project(x)
-        mask = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
-        weights = self._weights(q, k, mask)
+        weights = self._weights(q, k, key_padding_mask)
         w_o = self.head_out_proj()
         head_output = torch.einsum("bhst,bhtv,hvd->bhsd", weights, v, w_o)  # (B, H, T, d)
         return AttentionInternals(attention=weights, values=v, out_proj=w_o, head_output=head_output)

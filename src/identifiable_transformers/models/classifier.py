@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import AttentionInternals, MultiHeadSelfAttention
+from .attention import AttentionInternals, Dropout, MultiHeadSelfAttention
 
 POSITIONALS = ("learned", "sinusoidal", "none")
 POOLINGS = ("cls", "mean")
@@ -55,7 +55,7 @@ class EncoderLayer(nn.Module):
         self.linear2 = nn.Linear(ffn_dim, embed_dim)
         self.norm1 = nn.LayerNorm(embed_dim)
         self.norm2 = nn.LayerNorm(embed_dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.activation = ACTIVATIONS[activation]
         self.norm_first = norm_first
         for lin in (self.linear1, self.linear2):
@@ -149,7 +149,7 @@ class TransformerClassifier(nn.Module):
             nn.init.normal_(self.position_embedding.weight, std=embed_dim**-0.5)
         elif positional == "sinusoidal":
             self.register_buffer("position_table", sinusoidal_positions(max_len, embed_dim), persistent=False)
-        self.embed_dropout = nn.Dropout(dropout)
+        self.embed_dropout = Dropout(dropout)
         self.layers = nn.ModuleList(
             EncoderLayer(embed_dim, num_heads, key_dim, value_dim, head_combine, ffn_dim, dropout, activation, norm_first)
             for _ in range(num_layers)

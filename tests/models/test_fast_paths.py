@@ -1,0 +1,217 @@
+"""The fast paths of the attention layer (docs/performance.md) against independent computations."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from identifiable_transformers.models import MultiHeadSelfAttention, TransformerClassifier, override_attention
+from identifiable_transformers.models import attention
+from identifiable_transformers.models.attention import Dropout, keep_mask
+
+
+def _mask(lengths, t):
+    return torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]  # True = real token
+
+
+def _random_biases(attn: MultiHeadSelfAttention) -> None:
+    with torch.no_grad():
+        for lin in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj):
+            lin.bias.normal_()
+
+
+def _loop_attention(attn, x, mask, drop=None, scale=1.0):
+    """Per example and head, from the separate nn.Linear projections: softmax over the real keys,
+    optional dropout (``drop``: (B, H, T, T) True = dropped, kept weights times ``scale``), then concat or sum."""
+    b, t, _ = x.shape
+    h, dk, dv = attn.num_heads, attn.key_dim, attn.value_dim
+    q = attn.q_proj(x).view(b, t, h, dk)
+    k = attn.k_proj(x).view(b, t, h, dk)
+    v = attn.v_proj(x).view(b, t, h, dv)
+    out = []
+    for i in range(b):
+        heads = []
+        for j in range(h):
+            logits = q[i, :, j] @ k[i, :, j].T / math.sqrt(dk)
+            a = torch.softmax(logits.masked_fill(~mask[i][None, :], -math.inf), dim=-1)
+            if drop is not None:
+                a = a.masked_fill(drop[i, j], 0.0) * scale
+            heads.append(a @ v[i, :, j])
+        out.append(torch.cat(heads, -1) if attn.head_combine == "concat" else sum(heads))
+    return attn.out_proj(torch.stack(out))
+
+
+@pytest.mark.parametrize("head_combine", ["concat", "add"])
+def test_projections_run_through_the_linear_modules(head_combine):
+    """The diagnostics capture q and k with forward hooks on q_proj / k_proj: they must fire."""
+    torch.manual_seed(0)
+    attn = MultiHeadSelfAttention(12, 3, key_dim=2, head_combine=head_combine)
+    _random_biases(attn)
+    x = torch.randn(2, 5, 12)
+    seen = {}
+    for name in ("q_proj", "k_proj", "v_proj"):
+        getattr(attn, name).register_forward_hook(lambda _m, _i, out, name=name: seen.setdefault(name, out))
+    q, k, v = attn._project(x)
+    for out, name, size in ((q, "q_proj", attn.key_dim), (k, "k_proj", attn.key_dim), (v, "v_proj", attn.value_dim)):
+        expected = x @ getattr(attn, name).weight.T + getattr(attn, name).bias
+        torch.testing.assert_close(out, expected.view(2, 5, 3, size).transpose(1, 2))
+        torch.testing.assert_close(seen[name], expected)
+    assert {"q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight"} <= set(attn.state_dict())
+
+
+@pytest.mark.parametrize("head_combine", ["concat", "add"])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_full_rows_need_no_mask(head_combine, need_weights):
+    """An all-real mask, no mask, and the per-head loop agree (SDPA and explicit paths)."""
+    torch.manual_seed(1)
+    attn = MultiHeadSelfAttention(16, 4, key_dim=3, head_combine=head_combine).eval()
+    _random_biases(attn)
+    x, full = torch.randn(3, 7, 16), torch.ones(3, 7, dtype=torch.bool)
+    with_mask, w1 = attn(x, full, need_weights)
+    without, w2 = attn(x, None, need_weights)
+    torch.testing.assert_close(with_mask, without)
+    torch.testing.assert_close(without, _loop_attention(attn, x, full), atol=1e-5, rtol=1e-5)
+    if need_weights:
+        torch.testing.assert_close(w1, w2)
+
+
+@pytest.mark.parametrize("head_combine", ["concat", "add"])
+@pytest.mark.parametrize("keep_mask_path", [True, False])
+def test_training_path_with_dropout_equals_the_loop_with_the_same_mask(head_combine, keep_mask_path, monkeypatch):
+    """Large weights use keep_mask (forced here with a threshold of 0), small ones torch's dropout."""
+    if keep_mask_path:
+        monkeypatch.setattr(attention, "KEEP_MASK_MIN_NUMEL", 0)
+    torch.manual_seed(2)
+    attn = MultiHeadSelfAttention(16, 4, key_dim=3, head_combine=head_combine, dropout=0.3).train()
+    _random_biases(attn)
+    x, mask = torch.randn(3, 9, 16), _mask([9, 4, 1], 9)
+    torch.manual_seed(10)
+    out, _ = attn(x, mask)
+    torch.manual_seed(10)
+    if keep_mask_path:
+        keep, scale = keep_mask(torch.Size([3, 4, 9, 9]), 0.3)
+    else:
+        keep, scale = torch.nn.functional.dropout(torch.ones(3, 4, 9, 9), 0.3) != 0, 1 / 0.7
+    drop = ~keep
+    torch.testing.assert_close(out, _loop_attention(attn, x, mask, drop, scale), atol=1e-5, rtol=1e-5)
+    assert drop.any() and not drop.all()
+
+
+def test_hook_runs_in_training_without_dropout():
+    """With dropout 0 in training the SDPA path would apply; a hook must still see and replace the weights."""
+    torch.manual_seed(3)
+    attn = MultiHeadSelfAttention(8, 2, head_combine="add", dropout=0.0).train()
+    x, mask = torch.randn(2, 5, 8), _mask([5, 3], 5)
+    seen = []
+
+    def uniform(w, m):
+        seen.append(w.shape)
+        return m[:, None, None, :].float().expand_as(w) / m.sum(-1)[:, None, None, None]
+
+    attn.weights_hook = uniform
+    out, _ = attn(x, mask)
+    assert seen == [torch.Size([2, 2, 5, 5])]
+    v = attn.v_proj(x).view(2, 5, 2, 8)
+    mean_v = torch.stack([v[i, : int(mask[i].sum())].mean(0) for i in range(2)])  # (B, H, dv)
+    expected = attn.out_proj(mean_v.sum(1))[:, None].expand(2, 5, 8)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_keep_mask_rate_scale_and_independence():
+    torch.manual_seed(4)
+    n = 1_000_000
+    keep, scale = keep_mask(torch.Size([n]), 0.1)
+    drop = ~keep
+    rate = 6554 / 65536  # 0.1 rounded to 1/65536
+    assert scale == pytest.approx(1 / (1 - rate))
+    assert abs(drop.float().mean().item() - rate) < 5 * math.sqrt(rate * (1 - rate) / n)
+    # neighbours share a 64-bit draw; their drops must still be uncorrelated
+    d = drop.float()
+    corr = torch.corrcoef(torch.stack([d[:-1], d[1:]]))[0, 1].item()
+    assert abs(corr) < 5 / math.sqrt(n)
+    torch.manual_seed(4)
+    assert torch.equal(keep_mask(torch.Size([n]), 0.1)[0], keep)  # governed by torch's seed
+
+
+def test_dropout_module_keeps_or_zeroes_and_is_identity_in_eval(monkeypatch):
+    monkeypatch.setattr(attention, "KEEP_MASK_MIN_NUMEL", 0)
+    torch.manual_seed(5)
+    x = torch.rand(1000) + 1.0
+    layer = Dropout(0.25)
+    y = layer(x)
+    kept = y != 0
+    torch.testing.assert_close(y[kept], x[kept] / (1 - 0.25))  # 0.25 is exact in 1/65536 steps
+    assert 150 < int((~kept).sum()) < 350
+    assert torch.equal(layer.eval()(x), x)
+    assert torch.equal(Dropout(0.0).train()(x), x)
+    with pytest.raises(ValueError, match="dropout"):
+        keep_mask(torch.Size([3]), 1.0)
+
+
+def test_override_attention_in_training_mode():
+    torch.manual_seed(6)
+    model = TransformerClassifier(50, 3, embed_dim=16, num_heads=2, head_combine="add", key_dim=2).train()
+    ids = torch.randint(1, 50, (2, 6))
+    calls = []
+    with override_attention(model, lambda i, w, m: calls.append(i) or w):
+        model(ids)
+    assert calls == [0]
+
+
+def test_compile_without_a_compiler_fails_clearly(monkeypatch):
+    import torch._inductor.cpp_builder as builder
+
+    from identifiable_transformers.lit_module import TextClassifier
+
+    def missing():
+        raise RuntimeError("no g++")
+
+    monkeypatch.setattr(builder, "get_cpp_compiler", missing)
+    with pytest.raises(RuntimeError, match="model.compile=false"):
+        TextClassifier(50, 3, embed_dim=8, num_heads=2, compile=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("head_combine", ["concat", "add"])
+def test_compiled_model_matches_eager(head_combine):
+    from identifiable_transformers.lit_module import TextClassifier
+
+    kwargs = dict(embed_dim=16, num_heads=2, key_dim=2, head_combine=head_combine, dropout=0.0)
+    torch.manual_seed(7)
+    eager = TextClassifier(50, 3, **kwargs).eval()
+    compiled = TextClassifier(50, 3, compile=True, **kwargs).eval()
+    compiled.load_state_dict(eager.state_dict())
+    assert set(compiled.state_dict()) == set(eager.state_dict())
+    ids = torch.randint(1, 50, (3, 7))
+    mask = _mask([7, 5, 2], 7)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids, mask).logits, eager(ids, mask).logits, atol=1e-5, rtol=1e-5)
+    for model in (eager, compiled):
+        model.train()
+        model(ids, mask).logits.square().sum().backward()
+    for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_configured_adamw_steps_like_the_reference_loop():
+    """configure_optimizers' AdamW (fused on CPU) against torch's single-tensor AdamW on the same groups."""
+    from identifiable_transformers.lit_module import TextClassifier
+
+    torch.manual_seed(8)
+    lit = TextClassifier(30, 3, embed_dim=8, num_heads=2, lr=1e-2, weight_decay=0.1)
+    opt = lit.configure_optimizers()
+    assert opt.defaults["fused"]
+    ref_params = [p.detach().clone().requires_grad_() for p in lit.model.parameters()]
+    index = {id(p): i for i, p in enumerate(lit.model.parameters())}
+    ref = torch.optim.AdamW([{"params": [ref_params[index[id(p)]] for p in g["params"]], "weight_decay": g["weight_decay"]}
+                             for g in opt.param_groups], lr=1e-2, foreach=False)
+    assert {g["weight_decay"] for g in opt.param_groups} == {0.0, 0.1}
+    for _ in range(3):
+        grads = [torch.randn_like(p) for p in ref_params]
+        for p, r, g in zip(lit.model.parameters(), ref_params, grads):
+            p.grad, r.grad = g.clone(), g.clone()
+        opt.step()
+        ref.step()
+    for p, r in zip(lit.model.parameters(), ref_params):
+        torch.testing.assert_close(p.detach(), r.detach(), atol=1e-6, rtol=1e-5)

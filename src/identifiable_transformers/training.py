@@ -21,6 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from .config_checks import check_config
 from .data.sources import host_reachable
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ def _scalars(metrics: dict) -> dict[str, float]:
 
 def run(cfg: DictConfig) -> dict:
     """Train and/or test as configured; returns the metrics written to ``metrics.json``."""
+    check_config(cfg)  # types, unknown keys, impossible model shapes: before any data is prepared
     start = time.time()
     check_strategy(cfg)
     if cfg.get("seed") is not None:

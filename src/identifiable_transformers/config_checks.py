@@ -43,13 +43,8 @@ def check_config(cfg: DictConfig) -> None:
 
 
 def _target_nodes(node: DictConfig, prefix: str = "") -> Iterator[tuple[str, DictConfig]]:
-    for key in node:
-        if not prefix and key == "hydra":
-            continue
-        if OmegaConf.is_missing(node, key) or not isinstance(node._get_node(key), DictConfig):
-            continue
-        child = node[key]
-        if child is None:
+    for key, child in node.items_ex(resolve=False):  # unresolved: a leaf's interpolation is resolved per node
+        if not isinstance(child, DictConfig) or (not prefix and key == "hydra"):
             continue
         if "_target_" in child:
             yield f"{prefix}{key}", child

@@ -42,7 +42,8 @@ def _assert_clean(proc, *expected):
 
 # (overrides, texts the message must contain); more cases of the config checks are tested in-process below
 CASES = {
-    "bad_type": (["trainer.max_epochs=two"], ["Error: trainer.max_epochs='two' is not an int", "trainer.max_epochs=10"]),
+    "bad_type": (["trainer.max_epochs=two"], ["Error: trainer.max_epochs='two' is not an int",
+                                              "pass e.g. trainer.max_epochs=10"]),
     "bad_shape": (["model=baseline", "model.embed_dim=30"], ["model.embed_dim", "not divisible by num_heads=4"]),
     "missing_file": (["data=local", "data.train_file=/nope.csv"], ["Error: train_file='/nope.csv' does not exist"]),
     "missing_column": (["data=local", "data.train_file=table.csv"], ["text_fields=['text']", "columns found"]),
@@ -108,7 +109,8 @@ def test_multirun_stops_at_the_first_mistake_naming_the_job(tmp_path, cache_dir)
 
 
 def test_analyze_missing_checkpoint_ends_cleanly(tmp_path, cache_dir):
-    proc = _script("analyze.py", "ckpt_path=/nope/last.ckpt", "text=a fine film", tmp_path=tmp_path, cache_dir=cache_dir)
+    proc = _script("analyze.py", "ckpt_path=/nope/last.ckpt", "text=a fine film", tmp_path=tmp_path,
+                   cache_dir=cache_dir)
     _assert_clean(proc, "Error: ckpt_path='/nope/last.ckpt' is not a file")
 
 
@@ -118,7 +120,8 @@ def test_analyze_missing_checkpoint_ends_cleanly(tmp_path, cache_dir):
 @pytest.mark.parametrize("override, message", [
     ("trainer.precision=17", "trainer.precision=17 is not one of 64, 32, 16, 'transformer-engine'"),
     ("trainer.deterministic=maybe", "='maybe' is not one of 'warn' or true or false or null"),
-    ("model.betas=[0.9]", "model.betas=[0.9] is not a list of 2 (a number, a number): pass e.g. model.betas=[0.9,0.999]"),
+    ("model.betas=[0.9]", "model.betas=[0.9] is not a list of 2 (a number, a number): "
+                          "pass e.g. model.betas=[0.9,0.999]"),
     ("model.norm_first=1", "model.norm_first=1 is not true or false: pass e.g. model.norm_first=false"),
     ("data.text_fields=3", "data.text_fields=3 is not a list of a string"),
     ("data.val_fraction=a", "data.val_fraction='a' is not a number"),
@@ -129,8 +132,8 @@ def test_analyze_missing_checkpoint_ends_cleanly(tmp_path, cache_dir):
     ("model.key_dim=0", "model.key_dim: key_dim must be >= 1, got 0"),
     ("model.dropout=2", "model.dropout: dropout must be in [0, 1), got 2"),
     ("model.embed_dim=abc", "model.embed_dim='abc' is not an int: pass e.g. model.embed_dim=64"),
-    ("+model.embed_dims=30", "model.embed_dims is not an option of identifiable_transformers.lit_module.TextClassifier: "
-                             "did you mean model.embed_dim?"),
+    ("+model.embed_dims=30", "model.embed_dims is not an option of "
+                             "identifiable_transformers.lit_module.TextClassifier: did you mean model.embed_dim?"),
     ("+model.zzz=30", "its options: vocab_size, num_classes, embed_dim"),
 ])
 def test_check_config_names_key_value_and_expected_type(make_cfg, override, message):
@@ -147,7 +150,8 @@ def test_missing_checkpoint_is_found_before_the_data(make_cfg):
 PRESETS = [f"{group}={p.stem}" for group in ("data", "model", "trainer", "callbacks", "logger", "debug", "experiment",
                                              "hparams_search") for p in sorted((ROOT / "conf" / group).glob("*.yaml"))]
 VALID = [["model.key_dim=1", "model.value_dim=3", "model.embed_dim=30"], ["data.text_fields=text"],
-         ["data.hub_config=2020"], ["trainer.precision=bf16-mixed"], ["trainer.devices=[0]"], ["trainer.max_epochs=null"],
+         ["data.hub_config=2020"], ["trainer.precision=bf16-mixed"], ["trainer.devices=[0]"],
+         ["trainer.max_epochs=null"],
          ["callbacks=[default,early_stopping]"]]
 
 

@@ -78,11 +78,16 @@ def exit_on_user_error(main: Callable[..., Any]) -> Callable[..., Any]:
     The exit is a ``SystemExit``, which Hydra's job runner does not catch: in a ``--multirun`` the first
     job with a user mistake ends the whole sweep at once, with status 1 and the job named in the message
     (later jobs would mostly repeat the mistake). Bugs propagate unchanged: Hydra prints their traceback.
+    Only a script run (``python train.py``) exits: where the script is imported (a test calling
+    ``train.main.__wrapped__(cfg)``, a notebook) every exception reaches the caller.
     """
     script = Path(inspect.getfile(main)).resolve()
+    as_script = main.__module__ == "__main__"  # decided here: a pickled copy in a launcher's worker keeps it
 
     @functools.wraps(main)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not as_script:
+            return main(*args, **kwargs)
         try:
             return main(*args, **kwargs)
         except Exception as ex:

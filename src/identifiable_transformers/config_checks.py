@@ -22,7 +22,7 @@ from typing import Any, Iterator
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .cli import PACKAGE_DIR, ConfigError, _raised_in
+from .cli import ConfigError, _raised_in
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,8 @@ def _locate(key: str, target: str) -> Any:
     try:
         return get_object(target)
     except Exception as e:
-        raise ConfigError(f"{key}._target_={target!r} cannot be imported ({type(e).__name__}): check its spelling") from e
+        raise ConfigError(f"{key}._target_={target!r} cannot be imported ({type(e).__name__}): check its spelling") \
+            from e
 
 
 def check_node(key: str, node: DictConfig) -> None:
@@ -208,6 +209,3 @@ def check_model(cfg: DictConfig) -> None:
         log.debug("dry model build skipped: %r", e)  # not ours to explain; the real build will tell
     except Exception as e:  # the check must never fail a run that the real build would accept
         log.debug("dry model build skipped: %r", e)
-
-
-__all__ = ["check_config", "check_node", "check_model", "matches", "describe", "ConfigError", "PACKAGE_DIR"]

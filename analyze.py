@@ -17,6 +17,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from identifiable_transformers.cli import exit_on_user_error
+
 os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
 log = logging.getLogger("analyze")
 
@@ -92,6 +94,7 @@ def _split_batch(cfg: DictConfig, module):
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="analyze")
+@exit_on_user_error
 def main(cfg: DictConfig) -> str:
     from identifiable_transformers.diagnostics.report_html import build_report, tokens_for_batch
     from identifiable_transformers.lit_module import TextClassifier

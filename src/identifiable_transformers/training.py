@@ -22,6 +22,7 @@ from lightning.pytorch.utilities.seed import isolate_rng
 from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import CheckpointError, check_compatible, read_checkpoint
+from .config_checks import check_config
 from .data.sources import host_reachable
 from .data.tokenizer import tokenizer_from_str
 from .wandb_logging import log_run_end
@@ -163,6 +164,7 @@ def _scalars(metrics: dict) -> dict[str, float]:
 
 def run(cfg: DictConfig) -> dict:
     """Train and/or test as configured; returns the metrics written to ``metrics.json``."""
+    check_config(cfg)  # types, unknown keys, impossible model shapes: before any data is prepared
     start = time.time()
     log_once()
     check_strategy(cfg)

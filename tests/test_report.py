@@ -108,6 +108,8 @@ def test_report_faithfulness_table_and_seed_agreement(tmp_path):
     assert a["jsd_seeds_mean"] == pytest.approx(statistics.mean(pairs))
     assert a["jsd_seeds_std"] == pytest.approx(statistics.stdev(pairs))
     assert (a["pairs"], a["examples"]) == (3, 2)
+    # tau-b is undefined on example 5 (seeds 1 and 3 give constant scores) and 1 on example 7 (seeds 1, 2 agree)
+    assert a["tau_seeds_mean"] == pytest.approx(1.0)
     to_uniform = [_jsd_by_hand(p, [1] * len(p)) for p in ([1, 1], [1, 1, 2], [1, 1, 2], [3, 0], [2, 2], [1, 0])]
     assert a["jsd_uniform_mean"] == pytest.approx(statistics.mean(to_uniform))
     assert "jsd_seeds" in (out / "seed_agreement.md").read_text()

@@ -93,8 +93,14 @@ def _markdown(table: pd.DataFrame, keys: list[str], digits: int = 4) -> str:
     for _, row in table.iterrows():
         cells = [str(row[c]) for c in keys]
         for m in metrics:
-            mean, std = row[f"{m}_mean"], row.get(f"{m}_std", np.nan)
-            cells.append("n/a" if pd.isna(mean) else f"{mean:.{digits}f} ± {0.0 if pd.isna(std) else std:.{digits}f}")
+            mean = row[f"{m}_mean"]
+            if pd.isna(mean):
+                cells.append("n/a")
+            elif f"{m}_std" not in table:  # a mean over all runs' examples, no spread column
+                cells.append(f"{mean:.{digits}f}")
+            else:
+                std = row[f"{m}_std"]
+                cells.append(f"{mean:.{digits}f} ± {0.0 if pd.isna(std) else std:.{digits}f}")
         cells += [str(row[c]) for c in extra]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -146,6 +152,16 @@ def js_divergence(p: np.ndarray, q: np.ndarray) -> float:
     return 0.5 * kl(p) + 0.5 * kl(q)
 
 
+def _tau_b(x: np.ndarray, y: np.ndarray) -> float:
+    """Kendall tau-b of two score vectors (docs/faithfulness.md's ``kendall_tau_b``); NaN when undefined."""
+    import torch
+
+    from .diagnostics.faithfulness import kendall_tau_b
+
+    x, y = torch.as_tensor(x)[None], torch.as_tensor(y)[None]
+    return float(kendall_tau_b(x, y, torch.ones_like(x, dtype=torch.bool))[0])
+
+
 def load_explanations(run_dir: Path) -> dict | None:
     path = Path(run_dir) / "identifiability" / "explanations.json"
     return json.loads(path.read_text()) if path.is_file() else None
@@ -168,7 +184,8 @@ def seed_agreement(runs: pd.DataFrame) -> tuple[pd.DataFrame | None, list[str]]:
 
     Examples are matched by probe index; the JSD is averaged over the examples two runs share, then over
     the pairs of runs. ``jsd_uniform`` is the mean JSD of each run's explanation to the uniform distribution
-    over the same tokens: agreement means little when both explanations are nearly uniform.
+    over the same tokens: agreement means little when both explanations are nearly uniform. ``tau_seeds``
+    is the Kendall tau-b between the seeds' scores (mean over examples, then pairs): do they rank alike?
     Returns the table and notes about runs that were left out.
     """
     notes, rows = [], []
@@ -186,7 +203,7 @@ def seed_agreement(runs: pd.DataFrame) -> tuple[pd.DataFrame | None, list[str]]:
             dists = [(seed, _distributions(x, e)) for seed, x in loaded if e in x["scores"]]
             if not dists:
                 continue
-            pair_means, n_examples = [], set()
+            pair_means, pair_taus, n_examples = [], [], set()
             for (sa, a), (sb, b) in itertools.combinations(dists, 2):
                 common = sorted(set(a) & set(b))
                 if sa == sb or not common:
@@ -195,12 +212,17 @@ def seed_agreement(runs: pd.DataFrame) -> tuple[pd.DataFrame | None, list[str]]:
                     raise ValueError(f"probe examples of {keys} differ in length between seeds {sa} and {sb}: "
                                      "the runs were not trained on the same data")
                 pair_means.append(np.mean([js_divergence(a[i], b[i]) for i in common]))
+                taus = [_tau_b(a[i], b[i]) for i in common]
+                taus = [t for t in taus if not np.isnan(t)]  # undefined for constant scores or n - 1 < 2
+                pair_taus.append(np.mean(taus) if taus else np.nan)
                 n_examples.update(common)
             to_uniform = [js_divergence(d, np.ones_like(d)) for _, ds in dists for d in ds.values()]
             rows.append({**dict(zip(GROUP, keys)), "explainer": e,
                          "jsd_seeds_mean": np.mean(pair_means) if pair_means else np.nan,
                          "jsd_seeds_std": np.std(pair_means, ddof=1) if len(pair_means) > 1 else np.nan,
                          "jsd_uniform_mean": np.mean(to_uniform) if to_uniform else np.nan,
+                         "tau_seeds_mean": np.nanmean(pair_taus) if np.isfinite(pair_taus).any() else np.nan,
+                         "tau_seeds_std": np.nanstd(pair_taus, ddof=1) if np.isfinite(pair_taus).sum() > 1 else np.nan,
                          "pairs": len(pair_means), "examples": len(n_examples)})
     return (pd.DataFrame(rows) if rows else None), notes
 

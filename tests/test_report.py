@@ -1,9 +1,14 @@
 import json
+import math
 import statistics
 
+import pandas as pd
 import pytest
+import torch
 
-from identifiable_transformers.report import main
+from identifiable_transformers.diagnostics.identifiability import key_aware_alternative_dims
+from identifiable_transformers.models import TransformerClassifier
+from identifiable_transformers.report import js_divergence, key_aware_counts, main
 
 
 def _job(root, i, combine, key_dim, seed, acc, frac):
@@ -37,3 +42,107 @@ def test_report_aggregates_mean_and_std_per_configuration(tmp_path):
 def test_report_on_empty_directory_names_the_problem(tmp_path):
     with pytest.raises(FileNotFoundError, match="no metrics.json"):
         main([str(tmp_path)])
+
+
+def _entropy(p):
+    return -sum(x * math.log2(x) for x in p if x > 0)
+
+
+def _jsd_by_hand(p, q):
+    """JSD = H((p + q) / 2) - (H(p) + H(q)) / 2, in bits, on normalised p, q."""
+    p, q = [x / sum(p) for x in p], [x / sum(q) for x in q]
+    return _entropy([(a + b) / 2 for a, b in zip(p, q)]) - (_entropy(p) + _entropy(q)) / 2
+
+
+def _faith_job(root, i, combine, key_dim, seed, faith, explanations=None):
+    d = root / str(i)
+    (d / "identifiability").mkdir(parents=True)
+    model = {"embed_dim": 64, "num_heads": 4, "key_dim": key_dim, "value_dim": None, "head_combine": combine}
+    (d / "metrics.json").write_text(json.dumps({"config": {"data": "rt_offline", "seed": seed, "model": model},
+                                                "metrics": {"test/acc": 0.7, **faith}, "best_model_path": None}))
+    if explanations is not None:
+        (d / "identifiability" / "explanations.json").write_text(json.dumps(explanations))
+
+
+def _expl(examples):
+    """examples: {probe index: attention scores with <cls> first}"""
+    idx = list(examples)
+    return {"indices": idx, "lengths": [len(examples[i]) for i in idx], "tokens": [["w"] * len(examples[i]) for i in idx],
+            "predicted": [0] * len(idx), "scores": {"attention": [examples[i] for i in idx]}}
+
+
+def test_report_faithfulness_table_and_seed_agreement(tmp_path):
+    sweep = tmp_path / "sweep"
+    comp = {"add": [0.30, 0.40, 0.20], "concat": [0.10, 0.12, 0.14]}
+    # seed agreement of the add runs; examples matched by index, <cls> dropped, scores renormalised
+    expl = {1: _expl({5: [0, 1, 1], 7: [0, 1, 1, 2]}),
+            2: _expl({7: [0, 1, 1, 2], 5: [0, 3, 0]}),
+            3: _expl({5: [0, 2, 2], 9: [0, 1, 0]})}
+    i = 0
+    for combine, values in comp.items():
+        for seed, c in zip((1, 2, 3), values):
+            faith = {"val/faith/attention/comprehensiveness": c, "val/faith/attention/sufficiency": 0.1,
+                     "val/faith/random/comprehensiveness": c / 2, "val/faith/uniform_acc_gap": 0.01 * seed,
+                     "val/faith/final/integrated_gradients/comprehensiveness": c + 1}
+            _faith_job(sweep, i, combine, 2, seed, faith, expl[seed] if combine == "add" else None)
+            i += 1
+    assert main([str(sweep), "--out", str(tmp_path / "out")]) == 0
+    out = tmp_path / "out"
+    md = (out / "faithfulness.md").read_text().splitlines()
+    row = next(line for line in md if "| add |" in line and "| attention |" in line)
+    assert f"{statistics.mean(comp['add']):.4f} ± {statistics.stdev(comp['add']):.4f}" in row
+    row = next(line for line in md if "| concat |" in line and "| random |" in line)
+    half = [c / 2 for c in comp["concat"]]
+    assert f"{statistics.mean(half):.4f} ± {statistics.stdev(half):.4f}" in row
+    row = next(line for line in md if "| add |" in line and "| integrated_gradients |" in line)
+    assert f"{statistics.mean(comp['add']) + 1:.4f}" in row
+    gap = next(line for line in (out / "results.md").read_text().splitlines() if "| add |" in line)
+    assert f"{statistics.mean([0.01, 0.02, 0.03]):.4f} ± {statistics.stdev([0.01, 0.02, 0.03]):.4f}" in gap
+
+    agreement = pd.read_csv(out / "seed_agreement.csv")
+    assert list(agreement["head_combine"]) == ["add"] and list(agreement["explainer"]) == ["attention"]
+    j = _jsd_by_hand([1, 1], [3, 0])  # = H(3/4, 1/4) - 1/2
+    assert j == pytest.approx(0.311278, abs=1e-6)
+    pairs = [(j + 0.0) / 2, 0.0, j]  # seeds (1,2): examples 5 and 7; (1,3): 5; (2,3): 5
+    a = agreement.iloc[0]
+    assert a["jsd_seeds_mean"] == pytest.approx(statistics.mean(pairs))
+    assert a["jsd_seeds_std"] == pytest.approx(statistics.stdev(pairs))
+    assert (a["pairs"], a["examples"]) == (3, 2)
+    # tau-b is undefined on example 5 (seeds 1 and 3 give constant scores) and 1 on example 7 (seeds 1, 2 agree)
+    assert a["tau_seeds_mean"] == pytest.approx(1.0)
+    to_uniform = [_jsd_by_hand(p, [1] * len(p)) for p in ([1, 1], [1, 1, 2], [1, 1, 2], [3, 0], [2, 2], [1, 0])]
+    assert a["jsd_uniform_mean"] == pytest.approx(statistics.mean(to_uniform))
+    assert "jsd_seeds" in (out / "seed_agreement.md").read_text()
+
+
+def test_js_divergence_closed_forms():
+    assert js_divergence([1, 0], [0, 1]) == pytest.approx(1.0)  # disjoint supports: 1 bit
+    assert js_divergence([2, 2], [1, 1]) == pytest.approx(0.0)
+    assert js_divergence([1, 1], [3, 0]) == pytest.approx(_jsd_by_hand([1, 1], [1, 0]))
+
+
+def test_key_aware_counts_match_the_library_and_are_tabulated(tmp_path):
+    torch.manual_seed(0)
+    model = TransformerClassifier(40, 2, embed_dim=8, num_heads=2, key_dim=4, positional="sinusoidal").eval()
+    ids = torch.randint(4, 40, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, 7:] = False
+    ids[1, 7:] = 0
+    ours = key_aware_counts(model, ids, mask)
+    ref = key_aware_alternative_dims(model, ids, mask)
+    for k in ("alternative_dim", "key_agnostic_dim", "tangent_dim"):
+        assert ours[k] == ref[k].tolist()
+    # concat d_v = 4, d_k = 4: generic count max(0, 2n d_k - d_k^2 - d_k - n d_v) below n(n - 1 - d_v)
+    assert ours["alternative_dim"][0][0] == [2 * 9 * 4 - 16 - 4 - 9 * 4] * 2
+    assert ours["key_agnostic_dim"][1][0] == [7 * (7 - 5)] * 2
+
+    sweep = tmp_path / "sweep"
+    for i, (seed, alt) in enumerate(((1, [[3, 5]]), (2, [[7, 9]]))):
+        _faith_job(sweep, i, "concat", 8, seed, {"val/faith/attention/tau_loo": 0.5})
+        (sweep / str(i) / "identifiability" / "key_aware.json").write_text(json.dumps(
+            {"lengths": [20], "alternative_dim": [alt], "key_agnostic_dim": [[[60, 60]]], "tangent_dim": [[[1, 1]]]}))
+    _faith_job(sweep, 2, "concat", 8, 3, {"val/faith/attention/tau_loo": 0.5})  # no checkpoint, no file: a note
+    assert main([str(sweep), "--out", str(tmp_path / "out")]) == 0
+    row = next(line for line in (tmp_path / "out" / "key_aware.md").read_text().splitlines() if "| concat |" in line)
+    assert f"{statistics.mean([4, 8]):.1f} ± {statistics.stdev([4, 8]):.1f}" in row
+    assert "60.0 ± 0.0" in row and row.rstrip(" |").endswith("2")

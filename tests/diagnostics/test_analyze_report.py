@@ -1,6 +1,7 @@
 """analyze.py and the HTML report: self-contained output, correct per-head numbers, clear errors."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -111,3 +112,61 @@ def test_analyze_errors_are_clear(checkpoint, tmp_path):
         _run_analyze([f"ckpt_path={checkpoint}", "text=' '", f"output_dir={tmp_path}"])
     with pytest.raises(ValueError, match="exactly one"):
         _run_analyze([f"ckpt_path={checkpoint}", f"output_dir={tmp_path}"])
+
+
+def _tiny_batch(tok):
+    texts = ["good film very long", "the plot was dull and not funny"]
+    enc = [tok.encode(t).ids for t in texts]
+    ids = torch.zeros(2, max(map(len, enc)), dtype=torch.long)
+    for i, e in enumerate(enc):
+        ids[i, : len(e)] = torch.tensor(e)
+    return texts, ids, ids != 0
+
+
+def _strips(page: str, explainer: str) -> list[list[float]]:
+    rows = re.findall(rf"<tr data-explainer='{explainer}'>(.*?)</tr>", page)
+    return [[float(x) for x in re.findall(r"data-score='([^']+)'", r)] for r in rows]
+
+
+def test_report_has_a_heat_strip_per_explainer_with_the_attention_row(tmp_path):
+    from identifiable_transformers.diagnostics.faithfulness import CHEAP_EXPLAINERS
+
+    torch.manual_seed(0)
+    tok = _tokenizer()
+    model = TransformerClassifier(tok.get_vocab_size(), 2, embed_dim=8, num_heads=2, positional="sinusoidal").eval()
+    texts, ids, mask = _tiny_batch(tok)
+    page = build_report(model, ids, mask, tmp_path, tokens=tokens_for_batch(tok, ids, mask), texts=texts).read_text()
+    for e in CHEAP_EXPLAINERS:
+        assert len(_strips(page, e)) == 2, e
+    # independent reference: the forward pass's last-layer attention, position 0's row, mean over heads
+    with torch.no_grad():
+        att = model(ids, mask, output_attentions=True).attentions[-1][:, :, 0, :].mean(1)
+    for b, strip in enumerate(_strips(page, "attention")):
+        n = int(mask[b].sum())
+        assert strip == pytest.approx(att[b, 1:n].tolist(), rel=1e-4, abs=1e-6)
+    faith = json.loads((tmp_path / "report.json").read_text())["faithfulness"]
+    assert [f["example"] for f in faith] == [0, 1] and set(faith[0]["metrics"]) == set(CHEAP_EXPLAINERS)
+
+
+def test_report_strip_shading_and_metrics_beside_it(tmp_path, monkeypatch):
+    from identifiable_transformers.diagnostics import report_html
+
+    tok = _tokenizer()
+    model = TransformerClassifier(tok.get_vocab_size(), 2, embed_dim=8, num_heads=2, positional="sinusoidal").eval()
+    texts, ids, mask = _tiny_batch(tok)
+    B, T = ids.shape
+    scores = torch.zeros(B, T)
+    scores[0, 1:4] = torch.tensor([2.0, -4.0, 1.0])
+    fake = {"scores": {"grad_input": scores},
+            "per_example": {"grad_input/comprehensiveness": torch.tensor([0.123, 0.5]),
+                            "grad_input/sufficiency": torch.tensor([-0.25, 0.0]),
+                            "grad_input/tau_loo": torch.tensor([float("nan"), 0.75]),
+                            "grad_input/flip_frac": torch.tensor([1.0, 0.2])}}
+    monkeypatch.setattr(report_html, "_faithfulness", lambda *a: fake)
+    page = build_report(model, ids, mask, tmp_path, tokens=tokens_for_batch(tok, ids, mask), texts=texts).read_text()
+    row = re.findall(r"<tr data-explainer='grad_input'>(.*?)</tr>", page)[0]
+    assert _strips(page, "grad_input")[0] == [2.0, -4.0, 1.0]  # tokens 1..n-1 of example 0 (n = 4)
+    assert "rgba(214,39,40,0.500)'>film<" in row and "rgba(31,119,180,1.000)'>very<" in row
+    assert "rgba(214,39,40,0.250)'>long<" in row
+    assert "<td>0.123</td><td>-0.250</td><td>n/a</td><td>1.000</td>" in row
+    assert json.loads((tmp_path / "report.json").read_text())["faithfulness"][0]["metrics"]["grad_input"]["tau_loo"] is None

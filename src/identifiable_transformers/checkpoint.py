@@ -153,7 +153,7 @@ class LastCheckpoint(Checkpoint):  # a Checkpoint, so Lightning runs it after th
         if trainer.sanity_checking or trainer.fast_dev_run or trainer.state.fn != "fit":
             return
         tmp = self.path.with_name(self.path.name + ".tmp")
-        trainer.save_checkpoint(tmp)  # every rank takes part; rank 0 writes
+        trainer.save_checkpoint(tmp, weights_only=False)  # the full state; every rank takes part, rank 0 writes
         if trainer.is_global_zero:
             new, old = _file_digest(tmp), _read_digests(self.path) or []
             # Both digests are accepted while the file is swapped: a kill between the two steps

@@ -114,8 +114,8 @@ class _ClsReadout:
 
     Erasure never changes a remaining token's embedding (positions stay), so queries, keys and values
     are computed once per example; each masked copy then costs one softmax over its keys and one
-    weighted sum, instead of a full forward over all positions. Layer arithmetic mirrors
-    ``EncoderLayer.forward`` for position 0 (tests compare it with running the shorter sequence).
+    weighted sum, instead of a full forward over all positions. Position 0 then goes through the layer's
+    own ``residual_blocks`` (tests compare it with running the shorter sequence).
     """
 
     def __init__(self, model, input_ids: Tensor):
@@ -144,15 +144,9 @@ class _ClsReadout:
         return self._finish(example, heads)
 
     def _finish(self, example: Tensor, heads: Tensor) -> Tensor:
-        layer, attn = self.layer, self.attn
+        attn = self.attn
         a = attn.out_proj(attn._combine(heads.unsqueeze(2)))  # (S, 1, d)
-        x = self.x0[example]
-        if layer.norm_first:
-            x = x + layer.dropout(a)
-            x = x + layer._ffn(layer.norm2(x))
-        else:
-            x = layer.norm1(x + layer.dropout(a))
-            x = layer.norm2(x + layer._ffn(x))
+        x = self.layer.residual_blocks(self.x0[example], a)
         return self.model.head(self.model.final_norm(x)[:, 0])
 
 

@@ -73,13 +73,15 @@ class EncoderLayer(nn.Module):
         self, x: torch.Tensor, mask: torch.Tensor | None = None, need_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         a, weights = self.attn(self.attention_input(x), mask, need_weights)
+        return self.residual_blocks(x, a), weights
+
+    def residual_blocks(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """The layer's output from its input x and its attention output a: both residual blocks and norms."""
         if self.norm_first:
             x = x + self.dropout(a)
-            x = x + self._ffn(self.norm2(x))
-        else:
-            x = self.norm1(x + self.dropout(a))
-            x = self.norm2(x + self._ffn(x))
-        return x, weights
+            return x + self._ffn(self.norm2(x))
+        x = self.norm1(x + self.dropout(a))
+        return self.norm2(x + self._ffn(x))
 
 
 def sinusoidal_positions(max_len: int, dim: int) -> torch.Tensor:

@@ -23,6 +23,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from ..wandb_logging import wandb_loggers
 from .callback import IdentifiabilityCallback
 from .faithfulness import CHEAP_EXPLAINERS, EXPLAINERS, adversarial_attention, faithfulness_report, integrated_gradients
 
@@ -201,9 +202,7 @@ class FaithfulnessCallback(pl.Callback):
 
     @staticmethod
     def _log_wandb(trainer: pl.Trainer, final: dict[str, Any]) -> None:
-        from lightning.pytorch.loggers import WandbLogger
-
-        loggers = [lg for lg in trainer.loggers if isinstance(lg, WandbLogger)]
+        loggers = wandb_loggers(trainer)
         if not loggers:
             return
         names = list(final["scores"])

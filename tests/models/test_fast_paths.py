@@ -76,26 +76,113 @@ def test_full_rows_need_no_mask(head_combine, need_weights):
         torch.testing.assert_close(w1, w2)
 
 
+def _force_chunks(monkeypatch, chunk_bytes):
+    """Send every size to the chunked path, ``chunk_bytes`` of (T, T) weights per chunk; count its calls."""
+    monkeypatch.setattr(attention, "KEEP_MASK_MIN_NUMEL", 0)
+    monkeypatch.setattr(attention, "ATTENTION_CHUNK_BYTES", chunk_bytes)
+    calls = []
+    apply = attention._ChunkedAttention.apply
+    monkeypatch.setattr(attention._ChunkedAttention, "apply", lambda *a: calls.append(1) or apply(*a))
+    return calls
+
+
+# t = 9: a (T, T) matrix is 324 bytes. 300 -> one matrix per chunk; 700 -> two heads of one example
+# (the last chunk of each example has one); 3000 -> two examples with all four heads; 1 MiB -> one chunk.
+CHUNK_BYTES = [300, 700, 3000, 2**20]
+
+
 @pytest.mark.parametrize("head_combine", ["concat", "add"])
-@pytest.mark.parametrize("keep_mask_path", [True, False])
-def test_training_path_with_dropout_equals_the_loop_with_the_same_mask(head_combine, keep_mask_path, monkeypatch):
-    """Large weights use keep_mask (forced here with a threshold of 0), small ones torch's dropout."""
-    if keep_mask_path:
+@pytest.mark.parametrize("path", ["chunked", "explicit_keep_mask", "explicit_torch_dropout"])
+def test_training_path_with_dropout_equals_the_loop_with_the_same_mask(head_combine, path, monkeypatch):
+    """Every training path (values and gradients) against the per-head loop with the same dropout mask.
+
+    Large weights are chunked (forced here for small ones), or, when the weights are shown, go the
+    explicit path with keep_mask; small ones with weights shown use torch's dropout.
+    """
+    calls = _force_chunks(monkeypatch, 700) if path == "chunked" else []
+    if path == "explicit_keep_mask":
         monkeypatch.setattr(attention, "KEEP_MASK_MIN_NUMEL", 0)
     torch.manual_seed(2)
     attn = MultiHeadSelfAttention(16, 4, key_dim=3, head_combine=head_combine, dropout=0.3).train()
     _random_biases(attn)
-    x, mask = torch.randn(3, 9, 16), _mask([9, 4, 1], 9)
+    x, mask = torch.randn(3, 9, 16, requires_grad=True), _mask([9, 4, 1], 9)
+    probe = torch.randn(3, 9, 16)
     torch.manual_seed(10)
-    out, _ = attn(x, mask)
+    out, _ = attn(x, mask, need_weights=path != "chunked")
+    assert len(calls) == (path == "chunked")
     torch.manual_seed(10)
-    if keep_mask_path:
-        keep, scale = keep_mask(torch.Size([3, 4, 9, 9]), 0.3)
-    else:
+    if path == "explicit_torch_dropout":
         keep, scale = torch.nn.functional.dropout(torch.ones(3, 4, 9, 9), 0.3) != 0, 1 / 0.7
+    else:
+        keep, scale = keep_mask(torch.Size([3, 4, 9, 9]), 0.3)
     drop = ~keep
-    torch.testing.assert_close(out, _loop_attention(attn, x, mask, drop, scale), atol=1e-5, rtol=1e-5)
     assert drop.any() and not drop.all()
+    expected = _loop_attention(attn, x, mask, drop, scale)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    params = [x, *attn.parameters()]
+    got = torch.autograd.grad((out * probe).sum(), params)
+    want = torch.autograd.grad((expected * probe).sum(), params)
+    for name, g, w in zip(["x", *(n for n, _ in attn.named_parameters())], got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("b,h,t,chunk_bytes", [(3, 4, 9, c) for c in CHUNK_BYTES] + [(5, 3, 8, 1000), (1, 1, 2, 1)])
+def test_chunks_cover_every_example_and_head_once(b, h, t, chunk_bytes, monkeypatch):
+    monkeypatch.setattr(attention, "ATTENTION_CHUNK_BYTES", chunk_bytes)
+    seen = torch.zeros(b, h, dtype=torch.long)
+    for rows, heads in attention._chunks(b, h, t, 4):
+        seen[rows, heads] += 1
+    assert torch.equal(seen, torch.ones(b, h, dtype=torch.long))
+
+
+@pytest.mark.parametrize("head_combine", ["concat", "add"])
+@pytest.mark.parametrize("chunk_bytes", [300, 600, 2400])  # float64, t = 6: 1 matrix, 2 heads, 2 examples
+@pytest.mark.parametrize("p,padded", [(0.0, False), (0.3, True)])
+def test_chunked_attention_gradients_match_finite_differences(head_combine, chunk_bytes, p, padded, monkeypatch):
+    """The hand-written backward against torch's numerical Jacobian (float64; the mask fixed by the seed)."""
+    monkeypatch.setattr(attention, "ATTENTION_CHUNK_BYTES", chunk_bytes)
+    torch.manual_seed(11)
+    b, t, h, dk, dv = 3, 6, 4, 2, 3
+    q, k, v = (torch.randn(b, t, h, d, dtype=torch.float64, requires_grad=True) for d in (dk, dk, dv))
+    bias = attention._key_bias(_mask([6, 4, 1], t) if padded else None, torch.float64)
+
+    def run(q, k, v):
+        torch.manual_seed(12)
+        return attention._ChunkedAttention.apply(q, k, v, bias, 0.6, p, head_combine)
+
+    assert torch.autograd.gradcheck(run, (q, k, v))
+
+
+@pytest.mark.parametrize("head_combine", ["concat", "add"])
+def test_chunked_path_without_dropout_matches_the_explicit_path(head_combine, monkeypatch):
+    """In evaluation (and training without dropout) unequal key and value sizes go through the chunks."""
+    torch.manual_seed(13)
+    attn = MultiHeadSelfAttention(16, 4, key_dim=3, head_combine=head_combine).eval()
+    _random_biases(attn)
+    x, mask = torch.randn(3, 9, 16), _mask([9, 4, 1], 9)
+    expected, _ = attn(x, mask, need_weights=True)
+    calls = _force_chunks(monkeypatch, 700)
+    out, _ = attn(x, mask)
+    assert calls == [1]
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out, _loop_attention(attn, x, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_chunked_path_runs_under_bf16_autocast(monkeypatch):
+    """The trainer's bf16-mixed precision: values close to float32, finite gradients of the right dtype."""
+    calls = _force_chunks(monkeypatch, 700)
+    torch.manual_seed(14)
+    attn = MultiHeadSelfAttention(16, 4, key_dim=3, head_combine="add", dropout=0.2).train()
+    x, mask = torch.randn(3, 9, 16), _mask([9, 4, 1], 9)
+    torch.manual_seed(15)
+    expected, _ = attn(x, mask)
+    torch.manual_seed(15)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = attn(x, mask)
+    assert out.dtype == torch.bfloat16 and calls == [1, 1]
+    torch.testing.assert_close(out.float(), expected, atol=0.1, rtol=0.05)
+    out.float().square().sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in attn.parameters())
 
 
 def test_hook_runs_in_training_without_dropout():

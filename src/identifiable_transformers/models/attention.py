@@ -78,22 +78,50 @@ def _has_padding(key_padding_mask: torch.Tensor | None) -> bool:
     return torch.compiler.is_compiling() or not bool(key_padding_mask.all())
 
 
+def _dropout_threshold(p: float) -> tuple[int, float]:
+    """The 16-bit threshold under which an entry is dropped, and the scale 1 / (1 - rate) of the kept ones."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {p}")
+    threshold = min(round(p * 2**16), 2**16 - 1)
+    return threshold, 1.0 / (1.0 - threshold / 2**16)
+
+
+def _key_bias(key_padding_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """The padding mask as an additive bias (B, 1, T): 0 for real keys, -inf for padded ones; None if none.
+
+    The logits' matmul accumulates onto it (``baddbmm``), so no masked copy of the logits is made.
+    """
+    if not _has_padding(key_padding_mask):
+        return None
+    b, t = key_padding_mask.shape
+    bias = torch.zeros(b, 1, t, dtype=dtype, device=key_padding_mask.device)
+    return bias.masked_fill_(~key_padding_mask[:, None], -math.inf)
+
+
+def random_bits(shape: torch.Size, device: torch.device | None = None) -> torch.Tensor:
+    """Uniform int16 of the given shape, four per 64-bit draw of torch's generator (``manual_seed`` governs it)."""
+    n = math.prod(shape)
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)
+    return bits.view(torch.int16)[:n].view(shape)
+
+
 def keep_mask(shape: torch.Size, p: float, device: torch.device | None = None) -> tuple[torch.Tensor, float]:
     """A dropout keep-mask (True = kept) of the given shape and the scale 1 / (1 - rate) for the kept entries.
 
-    Each entry is drawn from 16 random bits, four per 64-bit draw of torch's generator (so
-    ``torch.manual_seed`` governs it): the rate is ``p`` rounded to a multiple of 1/65536 (0.1 ->
-    0.100006) and the scale uses that exact rate, so the expectation is unchanged. On CPU this is
-    several times cheaper than ``torch.bernoulli_``, which costs a sixth of a training step at 512
-    tokens (docs/performance.md).
+    Each entry is drawn from 16 random bits (``random_bits``): the rate is ``p`` rounded to a multiple
+    of 1/65536 (0.1 -> 0.100006) and the scale uses that exact rate, so the expectation is unchanged.
+    On CPU this is several times cheaper than ``torch.bernoulli_``, which costs a sixth of a training
+    step at 512 tokens (docs/performance.md). The layers apply it as a 0/1 float tensor
+    (``_keep_float``): on CPU a product with a float mask is several times faster than ``torch.where``
+    or a product with a bool mask.
     """
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {p}")
-    n = math.prod(shape)
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)
-    threshold = min(round(p * 2**16), 2**16 - 1)
-    keep = bits.view(torch.int16)[:n].view(shape) >= threshold - 2**15  # int16 is uniform on [-2^15, 2^15)
-    return keep, 1.0 / (1.0 - threshold / 2**16)
+    threshold, scale = _dropout_threshold(p)
+    return random_bits(shape, device) >= threshold - 2**15, scale  # int16 is uniform on [-2^15, 2^15)
+
+
+def _keep_float(bits: torch.Tensor, threshold: int, dtype: torch.dtype) -> torch.Tensor:
+    """keep_mask's mask for these random bits as 0/1 of ``dtype`` (the comparison writes it directly)."""
+    return torch.ge(bits, threshold - 2**15, out=torch.empty(bits.shape, dtype=dtype, device=bits.device))
 
 
 # Below this many entries torch's own dropout is used: on small tensors keep_mask's extra ops cost more than
@@ -112,8 +140,8 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         return x
     if _torch_dropout_is_better(x):
         return F.dropout(x, p)
-    keep, scale = keep_mask(x.shape, p, x.device)
-    return x.where(keep, 0.0) * scale
+    threshold, scale = _dropout_threshold(p)
+    return x * _keep_float(random_bits(x.shape, x.device), threshold, x.dtype).mul_(scale)
 
 
 class Dropout(nn.Dropout):
@@ -121,6 +149,116 @@ class Dropout(nn.Dropout):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dropout(x, self.p, self.training)
+
+
+# Each chunk of _ChunkedAttention holds about this many bytes of (T, T) weights: a core's share of L2 cache.
+ATTENTION_CHUNK_BYTES = 2**21
+
+
+def _chunks(b: int, h: int, t: int, itemsize: int) -> list[tuple[slice, slice]]:
+    """(examples, heads) slices covering (B, H), each about ATTENTION_CHUNK_BYTES of (T, T) weights."""
+    m = max(1, ATTENTION_CHUNK_BYTES // (t * t * itemsize))  # (T, T) matrices per chunk
+    if m >= h:
+        rows = m // h
+        return [(slice(i, min(b, i + rows)), slice(0, h)) for i in range(0, b, rows)]
+    return [(slice(i, i + 1), slice(j, min(h, j + m))) for i in range(b) for j in range(0, h, m)]
+
+
+def _heads(x: torch.Tensor, rows: slice, heads: slice) -> torch.Tensor:
+    """(B, T, H, d) -> the chunk's (G*Hc, T, d), contiguous."""
+    c = x[rows, :, heads].transpose(1, 2)
+    return c.reshape(-1, *c.shape[2:])
+
+
+def _chunks_are_better(q: torch.Tensor, v: torch.Tensor, p: float) -> bool:
+    """Whether _ChunkedAttention beats the other paths for these (B, H, T, dk) queries, values and dropout.
+
+    It is written for CPU caches. Under torch.compile inductor fuses the whole-tensor path itself. For
+    small tensors (under KEEP_MASK_MIN_NUMEL weights) the whole-tensor path, which fits in cache anyway,
+    has less fixed cost. Without dropout and with equal key and value sizes, torch's fused CPU kernel
+    (``scaled_dot_product_attention``) is faster; with dropout or unequal sizes torch falls back to its
+    math kernel, which the chunks beat by 2.5-4x at 512 tokens (docs/performance.md).
+    """
+    b, h, t, dk = q.shape
+    return (q.device.type == "cpu" and not torch.compiler.is_compiling() and b * h * t * t >= KEEP_MASK_MIN_NUMEL
+            and (p > 0.0 or dk != v.shape[-1]))
+
+
+class _ChunkedAttention(torch.autograd.Function):
+    """Attention (with dropout when training) computed a few (T, T) matrices at a time.
+
+    Same maths and same random draws as the explicit path of ``MultiHeadSelfAttention.forward``:
+    softmax(q k^T * scale + bias), dropout with ``keep_mask``, weights @ v, heads concatenated or
+    summed. Chunk by chunk, the logits, weights, mask and their gradients stay in cache, and no
+    (B, H, T, T) float tensor is allocated: only the random bits of the mask (2 bytes per weight) are
+    saved, and the backward recomputes each chunk's weights from q and k (docs/performance.md).
+
+    q, k: (B, T, H, dk) and v: (B, T, H, dv), the projections' views; bias: (B, 1, T), 0 or -inf per
+    key, or None. Returns (B, T, H*dv) for concat or (B, T, dv) for add.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, scale: float, p: float, combine: str):
+        b, t, h, _ = q.shape
+        dv = v.shape[-1]
+        threshold, drop_scale = _dropout_threshold(p)
+        bits = random_bits(torch.Size([b, h, t, t]), q.device) if p > 0 else None
+        out = q.new_empty(b, t, h, dv) if combine == "concat" else q.new_empty(b, t, dv)
+        for rows, heads in _chunks(b, h, t, q.element_size()):
+            weights = _ChunkedAttention._softmax(_heads(q, rows, heads), _heads(k, rows, heads), bias, scale, rows, heads)
+            if bits is not None:
+                weights = weights.mul_(_keep_float(bits[rows, heads], threshold, q.dtype).flatten(0, 1))
+            chunk = torch.bmm(weights, _heads(v, rows, heads))
+            if drop_scale != 1.0:
+                chunk = chunk.mul_(drop_scale)
+            chunk = chunk.view(-1, heads.stop - heads.start, t, dv)
+            if combine == "concat":
+                out[rows, :, heads] = chunk.transpose(1, 2)
+            elif heads.start == 0:
+                torch.sum(chunk, 1, out=out[rows])
+            else:
+                out[rows] += chunk.sum(1)
+        ctx.save_for_backward(q, k, v, bias, bits)
+        ctx.scale, ctx.threshold, ctx.drop_scale, ctx.combine = scale, threshold, drop_scale, combine
+        return out.flatten(2) if combine == "concat" else out
+
+    @staticmethod
+    def _softmax(qc, kc, bias, scale, rows, heads) -> torch.Tensor:
+        """The chunk's softmax weights (G*Hc, T, T) from its queries and keys (G*Hc, T, dk)."""
+        if bias is None:
+            return torch.bmm(qc, kc.transpose(1, 2)).mul_(scale).softmax(-1)
+        hc = heads.stop - heads.start
+        b = bias[rows, None].expand(-1, hc, 1, -1).reshape(qc.shape[0], 1, -1)
+        return torch.baddbmm(b, qc, kc.transpose(1, 2), alpha=scale).softmax(-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, bias, bits = ctx.saved_tensors
+        scale, threshold, drop_scale, combine = ctx.scale, ctx.threshold, ctx.drop_scale, ctx.combine
+        b, t, h, _ = q.shape
+        dv = v.shape[-1]
+        grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        if combine == "concat":
+            grad = grad.reshape(b, t, h, dv)
+        for rows, heads in _chunks(b, h, t, q.element_size()):
+            g, hc = len(range(b)[rows]), heads.stop - heads.start
+            # d(loss)/d(the chunk's head outputs), times dropout's scale, as (G*Hc, T, dv)
+            g_out = grad[rows, :, heads].transpose(1, 2) if combine == "concat" else grad[rows, None].expand(g, hc, t, dv)
+            g_out = torch.mul(g_out, drop_scale, out=q.new_empty(g, hc, t, dv)).flatten(0, 1)
+            qc, kc = _heads(q, rows, heads), _heads(k, rows, heads)
+            weights = _ChunkedAttention._softmax(qc, kc, bias, scale, rows, heads)
+            g_w = torch.bmm(g_out, _heads(v, rows, heads).transpose(1, 2))  # d(loss)/d(dropped weights)
+            if bits is None:
+                dropped = weights
+            else:
+                keep = _keep_float(bits[rows, heads], threshold, q.dtype).flatten(0, 1)
+                dropped = weights * keep
+                g_w = g_w.mul_(keep)
+            grad_v[rows, :, heads] = torch.bmm(dropped.transpose(1, 2), g_out).view(g, hc, t, dv).transpose(1, 2)
+            g_logits = torch._softmax_backward_data(g_w, weights, -1, weights.dtype).mul_(scale)
+            grad_q[rows, :, heads] = torch.bmm(g_logits, kc).view(g, hc, t, -1).transpose(1, 2)
+            grad_k[rows, :, heads] = torch.bmm(g_logits.transpose(1, 2), qc).view(g, hc, t, -1).transpose(1, 2)
+        return grad_q, grad_k, grad_v, None, None, None, None
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -165,12 +303,10 @@ class MultiHeadSelfAttention(nn.Module):
         b, h, t, dk = q.shape
         q, k = q.reshape(b * h, t, dk), k.reshape(b * h, t, dk)
         scale = 1 / math.sqrt(self.key_dim)
-        if not _has_padding(key_padding_mask):
+        bias = _key_bias(key_padding_mask, q.dtype)
+        if bias is None:
             logits = torch.bmm(q * scale, k.transpose(1, 2))
         else:
-            # The mask enters as an additive bias (0 / -inf per key) that the matmul accumulates onto,
-            # so no masked copy of the (B*H, T, T) logits is made.
-            bias = torch.zeros(b, 1, t, dtype=q.dtype, device=q.device).masked_fill_(~key_padding_mask[:, None], -math.inf)
             logits = torch.baddbmm(bias.repeat_interleave(h, dim=0), q, k.transpose(1, 2), alpha=scale)
         return logits.softmax(dim=-1).view(b, h, t, t)
 
@@ -189,6 +325,11 @@ class MultiHeadSelfAttention(nn.Module):
         """
         q, k, v = self._project(x)
         p = self.dropout if self.training else 0.0
+        if not need_weights and self.weights_hook is None and _chunks_are_better(q, v, p):
+            bias = _key_bias(key_padding_mask, q.dtype)
+            combined = _ChunkedAttention.apply(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias,
+                                               1 / math.sqrt(self.key_dim), p, self.head_combine)
+            return self.out_proj(combined), None
         if p == 0.0 and not need_weights and self.weights_hook is None:
             # No weights to show, change or drop: torch's fused attention (its own kernel choice).
             mask = key_padding_mask[:, None, None, :] if _has_padding(key_padding_mask) else None
@@ -212,8 +353,8 @@ class MultiHeadSelfAttention(nn.Module):
             return weights, 1.0
         if _torch_dropout_is_better(weights):
             return F.dropout(weights, p), 1.0
-        keep, scale = keep_mask(weights.shape, p, weights.device)
-        return weights.where(keep, 0.0), scale  # one pass each way (a product with the bool mask would cast it first)
+        threshold, scale = _dropout_threshold(p)
+        return weights * _keep_float(random_bits(weights.shape, weights.device), threshold, weights.dtype), scale
 
     def head_out_proj(self) -> torch.Tensor:
         """(H, dv, d): W_o^h, the map from head h's value space to the output."""

@@ -261,8 +261,12 @@ def test_compile_without_a_compiler_fails_clearly(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("head_combine", ["concat", "add"])
-def test_compiled_model_matches_eager(head_combine):
+@pytest.mark.parametrize("chunked", [False, True])
+def test_compiled_model_matches_eager(head_combine, chunked, monkeypatch):
+    """Compiled against eager; ``chunked``: the attention takes the chunked path (a graph break under compile)."""
     from identifiable_transformers.lit_module import TextClassifier
+
+    calls = _force_chunks(monkeypatch, 2**20) if chunked else []
 
     kwargs = dict(embed_dim=16, num_heads=2, key_dim=2, head_combine=head_combine, dropout=0.0)
     torch.manual_seed(7)
@@ -279,6 +283,7 @@ def test_compiled_model_matches_eager(head_combine):
         model(ids, mask).logits.square().sum().backward()
     for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert (len(calls) == 4) == chunked  # eval and train, eager and compiled
 
 
 def test_configured_adamw_steps_like_the_reference_loop():

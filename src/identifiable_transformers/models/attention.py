@@ -180,8 +180,7 @@ def _chunks_are_better(q: torch.Tensor, v: torch.Tensor, p: float) -> bool:
     math kernel, which the chunks beat by 2.5-4x at 512 tokens (docs/performance.md).
     """
     b, h, t, dk = q.shape
-    return (q.device.type == "cpu" and not torch.compiler.is_compiling() and b * h * t * t >= KEEP_MASK_MIN_NUMEL
-            and (p > 0.0 or dk != v.shape[-1]))
+    return q.device.type == "cpu" and b * h * t * t >= KEEP_MASK_MIN_NUMEL and (p > 0.0 or dk != v.shape[-1])
 
 
 class _ChunkedAttention(torch.autograd.Function):
@@ -261,6 +260,13 @@ class _ChunkedAttention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, None, None, None, None
 
 
+@torch.compiler.disable  # under torch.compile: a graph break, the chunks run eagerly between compiled parts
+def _chunked_attention(q, k, v, key_padding_mask, scale: float, p: float, combine: str) -> torch.Tensor:
+    """_ChunkedAttention for the layer's (B, H, T, d) projections."""
+    bias = _key_bias(key_padding_mask, q.dtype)
+    return _ChunkedAttention.apply(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias, scale, p, combine)
+
+
 class MultiHeadSelfAttention(nn.Module):
     def __init__(
         self,
@@ -326,9 +332,7 @@ class MultiHeadSelfAttention(nn.Module):
         q, k, v = self._project(x)
         p = self.dropout if self.training else 0.0
         if not need_weights and self.weights_hook is None and _chunks_are_better(q, v, p):
-            bias = _key_bias(key_padding_mask, q.dtype)
-            combined = _ChunkedAttention.apply(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias,
-                                               1 / math.sqrt(self.key_dim), p, self.head_combine)
+            combined = _chunked_attention(q, k, v, key_padding_mask, 1 / math.sqrt(self.key_dim), p, self.head_combine)
             return self.out_proj(combined), None
         if p == 0.0 and not need_weights and self.weights_hook is None:
             # No weights to show, change or drop: torch's fused attention (its own kernel choice).

@@ -30,8 +30,8 @@ ratios are medians of per-repeat ratios). Each repeat also times a 2048x2048 fp3
 a step's FLOP/s (matmul FLOPs counted analytically: projections, QK^T, AV, output projection, FFN,
 head; x3 for forward + backward) is reported as a share of it.
 
-    python bench/bench_step.py                       # about 10 minutes on 2 busy cores
-    python bench/bench_step.py --compile             # also the torch.compile candidates (about 15 minutes)
+    python bench/bench_step.py                       # about 2 minutes on 2 idle cores
+    python bench/bench_step.py --compile             # also the torch.compile candidates (about 4 minutes, plus 1-3 to compile the first time)
     python bench/bench_step.py --profile             # torch.profiler table of one step per candidate
     python bench/bench_step.py --quick               # tiny smoke run
 """

@@ -307,3 +307,16 @@ def test_configured_adamw_steps_like_the_reference_loop():
         ref.step()
     for p, r in zip(lit.model.parameters(), ref_params):
         torch.testing.assert_close(p.detach(), r.detach(), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("b,t,dk,dv,p,expected", [
+    (64, 512, 16, 32, 0.1, True),    # the benchmark's shapes, training
+    (64, 512, 16, 32, 0.0, True),    # evaluation with a small key: torch's fused kernel does not apply
+    (64, 512, 32, 32, 0.0, False),   # evaluation with equal sizes: torch's fused kernel is faster
+    (64, 512, 32, 32, 0.1, True),    # training with equal sizes: torch would fall back to its math kernel
+    (64, 60, 16, 32, 0.1, False),    # a Rotten Tomatoes batch: under 2^20 weights
+])
+def test_which_shapes_take_the_chunked_path(b, t, dk, dv, p, expected):
+    q, v = torch.empty(b, 4, t, dk), torch.empty(b, 4, t, dv)
+    assert attention._chunks_are_better(q, v, p) is expected
+    assert not attention._chunks_are_better(q.to("meta"), v.to("meta"), p)  # CPU only

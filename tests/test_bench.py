@@ -1,0 +1,17 @@
+"""The equal-shapes benchmark runs (tiny sizes; its figures are read by people, not asserted: no timed tests)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_step_quick_runs_every_candidate_and_prints_the_ratios():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_step.py"), "--quick", "--repeats", "1",
+                          "--warmup", "1", "--steps", "1"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    for name in ("ref_concat", "ours_concat", "ref_add", "ours_add"):
+        assert f"\n{name} " in out.stdout
+    assert "ours_concat            vs ref_concat" in out.stdout and "ours_add               vs ref_add" in out.stdout
+    assert "of peak" in out.stdout

@@ -11,7 +11,8 @@ padding), then one epoch of training (forward + backward + AdamW) is timed for:
 
 Printed per candidate: examples/s, the share of the epoch spent waiting for data, and the ratio to
 the fixed-512 epoch. Diagnostics: one identifiability probe pass (the per-epoch callback's work:
-64 probes, maths and the 3 figures) as a share of the identifiable epoch. Peak memory: each
+64 probes, maths and the 3 figures) as a share of this short identifiable epoch, for information only
+(bench_diagnostics.py checks the target). Peak memory: each
 candidate re-run in a fresh subprocess, growth of VmHWM (peak RSS) over its epoch.
 
     python bench/bench_e2e.py [--docs 3200] [--threads 2] [--repeats 3]
@@ -204,11 +205,13 @@ def main() -> None:
     maths, figures = statistics.median(diag_maths), statistics.median(diag_plots)
     diag = maths + figures / PLOT_EVERY  # metrics every epoch, figures every PLOT_EVERY-th (the default)
     print(f"\nbaseline / torch_encoder epoch time: {med['baseline'] / med['torch_encoder']:.2f}")
+    # The probe pass costs the same whatever the epoch's size, so its share of this short synthetic epoch is
+    # no verdict: bench_diagnostics.py checks the <= 10% target against a full Rotten Tomatoes epoch.
     print(f"diagnostics (identifiable): maths {maths:.1%} of an epoch, every epoch; figures {figures:.1%} of an "
-          f"epoch, every {PLOT_EVERY}th epoch (conf/callbacks/identifiability.yaml) -> {diag:.1%} per epoch on average")
+          f"epoch, every {PLOT_EVERY}th epoch (conf/callbacks/identifiability.yaml) -> {diag:.1%} per epoch on average "
+          f"(for information; bench/bench_diagnostics.py checks the <= 10% target)")
     print(f"{'PASS' if min(speed_b, speed_i) >= 5 else 'FAIL'}: dynamic padding >= 5x faster than fixed 512 "
           f"(baseline {speed_b:.2f}x, identifiable {speed_i:.2f}x)")
-    print(f"{'PASS' if diag <= 0.10 else 'FAIL'}: diagnostics <= 10% of the epoch ({diag:.1%})")
 
 
 if __name__ == "__main__":

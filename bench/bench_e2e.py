@@ -12,8 +12,8 @@ padding), then one epoch of training (forward + backward + AdamW) is timed for:
 Printed per candidate: examples/s, the share of the epoch spent waiting for data, and the ratio to
 the fixed-512 epoch. Diagnostics: one identifiability probe pass (the per-epoch callback's work:
 64 probes, maths and the 3 figures) as a share of this short identifiable epoch, for information only
-(bench_diagnostics.py checks the target). Peak memory: each
-candidate re-run in a fresh subprocess, growth of VmHWM (peak RSS) over its epoch.
+(bench_diagnostics.py checks the target). Peak memory: each candidate re-run in a fresh subprocess,
+growth of VmHWM (peak RSS) over its epoch.
 
     python bench/bench_e2e.py [--docs 3200] [--threads 2] [--repeats 3]
 """

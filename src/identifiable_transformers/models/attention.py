@@ -105,23 +105,25 @@ def random_bits(shape: torch.Size, device: torch.device | None = None) -> torch.
     return bits.view(torch.int16)[:n].view(shape)
 
 
-def keep_mask(shape: torch.Size, p: float, device: torch.device | None = None) -> tuple[torch.Tensor, float]:
-    """A dropout keep-mask (True = kept) of the given shape and the scale 1 / (1 - rate) for the kept entries.
+def keep_mask(
+    shape: torch.Size, p: float, device: torch.device | None = None, dtype: torch.dtype = torch.bool
+) -> tuple[torch.Tensor, float]:
+    """A dropout keep-mask (True or 1 = kept) of the given shape and the scale 1 / (1 - rate) for the kept entries.
 
     Each entry is drawn from 16 random bits (``random_bits``): the rate is ``p`` rounded to a multiple
     of 1/65536 (0.1 -> 0.100006) and the scale uses that exact rate, so the expectation is unchanged.
     On CPU this is several times cheaper than ``torch.bernoulli_``, which costs a sixth of a training
-    step at 512 tokens (docs/performance.md). The layers apply it as a 0/1 float tensor
-    (``_keep_float``): on CPU a product with a float mask is several times faster than ``torch.where``
-    or a product with a bool mask.
+    step at 512 tokens (docs/performance.md). The layers ask for a 0/1 float mask (``dtype``): on CPU a
+    product with it is several times faster than ``torch.where`` or a product with a bool mask.
     """
     threshold, scale = _dropout_threshold(p)
-    return random_bits(shape, device) >= threshold - 2**15, scale  # int16 is uniform on [-2^15, 2^15)
+    return _keep(random_bits(shape, device), threshold, dtype), scale
 
 
-def _keep_float(bits: torch.Tensor, threshold: int, dtype: torch.dtype) -> torch.Tensor:
-    """keep_mask's mask for these random bits as 0/1 of ``dtype`` (the comparison writes it directly)."""
-    return torch.ge(bits, threshold - 2**15, out=torch.empty(bits.shape, dtype=dtype, device=bits.device))
+def _keep(bits: torch.Tensor, threshold: int, dtype: torch.dtype) -> torch.Tensor:
+    """keep_mask's mask for these random bits, as ``dtype`` (the comparison writes it directly)."""
+    kept = torch.empty(bits.shape, dtype=dtype, device=bits.device)
+    return torch.ge(bits, threshold - 2**15, out=kept)  # int16 is uniform on [-2^15, 2^15)
 
 
 # Below this many entries torch's own dropout is used: on small tensors keep_mask's extra ops cost more than
@@ -140,8 +142,8 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         return x
     if _torch_dropout_is_better(x):
         return F.dropout(x, p)
-    threshold, scale = _dropout_threshold(p)
-    return x * _keep_float(random_bits(x.shape, x.device), threshold, x.dtype).mul_(scale)
+    keep, scale = keep_mask(x.shape, p, x.device, x.dtype)
+    return x * keep.mul_(scale)
 
 
 class Dropout(nn.Dropout):
@@ -206,7 +208,7 @@ class _ChunkedAttention(torch.autograd.Function):
         for rows, heads in _chunks(b, h, t, q.element_size()):
             weights = _ChunkedAttention._softmax(_heads(q, rows, heads), _heads(k, rows, heads), bias, scale, rows, heads)
             if bits is not None:
-                weights = weights.mul_(_keep_float(bits[rows, heads], threshold, q.dtype).flatten(0, 1))
+                weights = weights.mul_(_keep(bits[rows, heads], threshold, q.dtype).flatten(0, 1))
             chunk = torch.bmm(weights, _heads(v, rows, heads))
             if drop_scale != 1.0:
                 chunk = chunk.mul_(drop_scale)
@@ -250,7 +252,7 @@ class _ChunkedAttention(torch.autograd.Function):
             if bits is None:
                 dropped = weights
             else:
-                keep = _keep_float(bits[rows, heads], threshold, q.dtype).flatten(0, 1)
+                keep = _keep(bits[rows, heads], threshold, q.dtype).flatten(0, 1)
                 dropped = weights * keep
                 g_w = g_w.mul_(keep)
             grad_v[rows, :, heads] = torch.bmm(dropped.transpose(1, 2), g_out).view(g, hc, t, dv).transpose(1, 2)
@@ -331,10 +333,11 @@ class MultiHeadSelfAttention(nn.Module):
         """
         q, k, v = self._project(x)
         p = self.dropout if self.training else 0.0
-        if not need_weights and self.weights_hook is None and _chunks_are_better(q, v, p):
+        weights_used = need_weights or self.weights_hook is not None  # to show or to change
+        if not weights_used and _chunks_are_better(q, v, p):
             combined = _chunked_attention(q, k, v, key_padding_mask, 1 / math.sqrt(self.key_dim), p, self.head_combine)
             return self.out_proj(combined), None
-        if p == 0.0 and not need_weights and self.weights_hook is None:
+        if not weights_used and p == 0.0:
             # No weights to show, change or drop: torch's fused attention (its own kernel choice).
             mask = key_padding_mask[:, None, None, :] if _has_padding(key_padding_mask) else None
             heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(self.key_dim))
@@ -357,8 +360,8 @@ class MultiHeadSelfAttention(nn.Module):
             return weights, 1.0
         if _torch_dropout_is_better(weights):
             return F.dropout(weights, p), 1.0
-        threshold, scale = _dropout_threshold(p)
-        return weights * _keep_float(random_bits(weights.shape, weights.device), threshold, weights.dtype), scale
+        keep, scale = keep_mask(weights.shape, p, weights.device, weights.dtype)
+        return weights * keep, scale
 
     def head_out_proj(self) -> torch.Tensor:
         """(H, dv, d): W_o^h, the map from head h's value space to the output."""

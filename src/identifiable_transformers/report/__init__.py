@@ -1,0 +1,29 @@
+"""Aggregate a sweep: python -m identifiable_transformers.report SWEEP_DIR [--out DIR] [--no-key-aware]
+
+Reads every job's ``metrics.json`` under SWEEP_DIR and writes ``results.csv`` (one row per job, every
+``val/faith/*`` metric included), ``results.md`` (mean ± std per configuration) and plots of accuracy
+and identifiability against the key size. When the runs logged the faithfulness suite
+(docs/faithfulness.md) it also writes ``faithfulness.md``/``.csv`` (mean ± std over seeds per
+configuration and explainer) and ``seed_agreement.md``/``.csv`` (Jensen-Shannon divergence between the
+seeds' explanations of the same probe examples, from each run's ``identifiability/explanations.json``).
+``key_aware.md``/``.csv`` tabulate the docs/identifiability.md 2.5 key-aware count of alternatives per
+checkpoint, computed into ``<run>/identifiability/key_aware.json`` when missing (``--no-key-aware``:
+use only the files already there).
+
+One idea per module: :mod:`.runs` (loading the runs, the results table), :mod:`.markdown` (the
+markdown tables), :mod:`.faithfulness` (faithfulness table, seed agreement), :mod:`.key_aware` (the
+key-aware count per checkpoint and its table), :mod:`.plots`, :mod:`.cli` (arguments and ``main``).
+"""
+
+from .cli import main
+from .faithfulness import (DISTRIBUTION_EXPLAINERS, EXPLAINER_ORDER, FAITH_KEY, FAITH_METRICS, faithfulness_table,
+                           js_divergence, load_explanations, seed_agreement)
+from .key_aware import KEY_AWARE_LENGTHS, ensure_key_aware, key_aware_counts, key_aware_table
+from .markdown import markdown_table
+from .plots import plot
+from .runs import COLUMNS, GROUP, load_runs, summarise, to_markdown
+
+__all__ = ["COLUMNS", "DISTRIBUTION_EXPLAINERS", "EXPLAINER_ORDER", "FAITH_KEY", "FAITH_METRICS", "GROUP",
+           "KEY_AWARE_LENGTHS", "ensure_key_aware", "faithfulness_table", "js_divergence", "key_aware_counts",
+           "key_aware_table", "load_explanations", "load_runs", "main", "markdown_table", "plot", "seed_agreement",
+           "summarise", "to_markdown"]

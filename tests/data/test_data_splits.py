@@ -49,3 +49,67 @@ def test_datamodule_split_deterministic(local_dm, make_rows, tmp_path):
     assert a.test_dataset["input_ids"] == b.test_dataset["input_ids"]
     assert a.val_dataset["input_ids"] != c.val_dataset["input_ids"]
     assert Counter(a.val_dataset["labels"]) == {0: 4, 1: 4, 2: 4}  # 10% of 40 per class
+
+
+# ----------------------------------------------------------------------------- evaluation order
+def _sorted_by_label(rows):
+    return sorted(rows, key=lambda r: r["label"])  # as many files and every carved split used to be
+
+
+def _first_batch_labels(loader):
+    return set(next(iter(loader))["labels"].tolist())
+
+
+def test_first_evaluation_batch_holds_every_class_of_a_balanced_set(local_dm, make_rows, write_rows, tmp_path):
+    # 3 balanced classes, every file sorted by label: stored in label order, the first batch of 8 would
+    # hold one class (the carved validation split has 10 of each; the given test file 20 of each)
+    test_file = write_rows(tmp_path / "test.csv", _sorted_by_label(make_rows(20, seed=5)))
+    dm = local_dm(_sorted_by_label(make_rows(100)), test_file=str(test_file), eval_batch_size=8)
+    dm.prepare_data()
+    dm.setup(None)
+    assert Counter(dm.val_dataset["labels"]) == {0: 10, 1: 10, 2: 10}
+    assert Counter(dm.test_dataset["labels"]) == {0: 20, 1: 20, 2: 20}
+    for loader in (dm.val_dataloader(), dm.test_dataloader()):
+        assert _first_batch_labels(loader) == {0, 1, 2}
+    assert "seeded shuffled order (split_seed=42)" in dm.meta["split_how"]["validation"]
+
+
+def test_the_evaluation_order_is_fixed_by_split_seed_alone(local_dm, make_rows, tmp_path):
+    rows = _sorted_by_label(make_rows(40))
+    a = local_dm(rows, cache_dir=str(tmp_path / "a"), shuffle_seed=0)
+    b = local_dm(rows, cache_dir=str(tmp_path / "b"), shuffle_seed=7)  # rebuilt; another training order
+    for dm in (a, b):
+        dm.prepare_data()
+        dm.setup(None)
+    for split in ("val", "test"):
+        ids = [getattr(dm, f"{split}_dataset")["input_ids"] for dm in (a, b)]
+        assert ids[0] == ids[1]  # the same rows in the same order
+        loaders = [list(getattr(dm, f"{split}_dataloader")()) for dm in (a, b)]
+        assert all(x["input_ids"].equal(y["input_ids"]) for x, y in zip(*loaders))
+        loader = getattr(a, f"{split}_dataloader")()
+        epochs = [next(iter(loader))["input_ids"] for _ in range(2)]
+        assert epochs[0].equal(epochs[1]) and epochs[0].equal(loaders[0][0]["input_ids"])  # every epoch alike
+
+
+def test_evaluation_order_is_a_seeded_permutation():
+    from identifiable_transformers.data.prepare import evaluation_order
+
+    a = evaluation_order(853, 42, "validation")
+    assert sorted(a.tolist()) == list(range(853))
+    assert np.array_equal(a, evaluation_order(853, 42, "validation"))
+    assert not np.array_equal(a, evaluation_order(853, 42, "test"))
+    assert not np.array_equal(a, evaluation_order(853, 7, "validation"))
+
+
+def test_rt_offline_first_evaluation_batches_hold_both_classes(cache_dir):
+    # the default data: its carved splits switched class once, at row 426 of 853
+    from identifiable_transformers.data import TextDataModule
+
+    dm = TextDataModule.from_name("rt_offline", cache_dir=str(cache_dir), max_length=64, batch_size=16)
+    dm.prepare_data()
+    dm.setup(None)
+    for ds, loader in ((dm.val_dataset, dm.val_dataloader()), (dm.test_dataset, dm.test_dataloader())):
+        labels = np.asarray(ds["labels"])
+        assert len(labels) == 853 and np.bincount(labels).tolist() in ([427, 426], [426, 427])
+        assert np.count_nonzero(np.diff(labels)) > 300  # a shuffled order switches class about every other row
+        assert _first_batch_labels(loader) == {0, 1}

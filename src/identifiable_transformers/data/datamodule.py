@@ -568,6 +568,13 @@ class TextDataModule(pl.LightningDataModule):
             sub = np.sort(rng.permutation(len(parts["train"]))[: self.limit_train_examples])
             parts["train"] = parts["train"].select(sub)
             split_how["train"] += f"; limited to {self.limit_train_examples} rows (seeded random subset)"
+        # Evaluation splits are stored in a seeded shuffled order: carved splits and many files are sorted by
+        # label, so a few evaluation batches (limit_val_batches, debug=limit, a short study) would see one class.
+        # The order depends on split_seed alone, so the probe set and an exact resume stay the same across runs.
+        for s in ("validation", "test"):
+            if s in parts:
+                parts[s] = parts[s].select(P.evaluation_order(len(parts[s]), self.split_seed, s))
+                split_how[s] += f"; stored in a seeded shuffled order (split_seed={self.split_seed})"
         for s in _SPLITS:
             if s in parts:
                 log.info("[%s] %s: %d rows — %s", self.name, s, len(parts[s]), split_how[s])

@@ -280,6 +280,13 @@ def stratified_split(labels: np.ndarray, fractions: dict[str, float], seed: int)
     return {k: np.sort(np.concatenate(v)) if v else np.array([], dtype=np.int64) for k, v in parts.items()}
 
 
+def evaluation_order(n: int, seed: int, split: str) -> np.ndarray:
+    """The seeded order an evaluation split is stored in: a permutation of ``range(n)`` that depends
+    on ``(seed, split)`` alone (validation and test draw from separate streams)."""
+    stream = {"validation": 1, "test": 2}[split]
+    return np.random.default_rng([int(seed), stream]).permutation(int(n))
+
+
 def check_fraction(name: str, value: float) -> float:
     v = float(value)
     if not (0.0 < v < 1.0):

@@ -175,6 +175,34 @@ def _certify_full_rank(Z: Tensor, qn: Tensor, live: Tensor, rows: int, cols: int
     return None
 
 
+def _group_constant(Nk: Tensor, Ckc: Tensor, Q: Tensor, K: Tensor, T: Tensor) -> Tensor:
+    """Drop the key-system unknowns that no equation reaches when tokens repeat.
+
+    Identical tokens (equal query, key and value rows) give identical rows and columns of A and
+    of every B_i, so col(B_i) and col([K, 1]) hold vectors that are constant on each group of
+    repeats. Directions of the complement Nk that differ within a group then meet no equation:
+    exact zero columns of the key system, which rounding would leave near the tolerance. We keep
+    the complement inside the group-constant vectors instead: same rank in exact arithmetic.
+    """
+    X = torch.cat([Q, K, T], dim=1)
+    n = X.shape[0]
+    tol = max(n, X.shape[1]) * _EPS * float(X.abs().max())
+    # group j with the first earlier row within tol of it (max-norm)
+    close = (X[:, None, :] - X[None, :, :]).abs().amax(-1) <= tol  # (n, n)
+    first = close.to(torch.int8).argmax(1)  # index of each row's first match (itself if none earlier)
+    groups, inverse = torch.unique(first, return_inverse=True)
+    if len(groups) == n:
+        return Nk
+    G = torch.zeros(n, len(groups), dtype=_F64)
+    G[torch.arange(n), inverse] = 1.0
+    G = G / G.sum(0).sqrt()  # orthonormal group indicators
+    ones = torch.full((n, 1), 1.0 / math.sqrt(n), dtype=_F64)
+    Ck = torch.cat([ones, Ckc], dim=1)
+    R = G - Ck @ (Ck.T @ G)  # the group-constant vectors orthogonal to col([K, 1])
+    U, s, _ = torch.linalg.svd(R, full_matrices=False)
+    return U[:, : len(groups) - Ck.shape[1]]
+
+
 # ----------------------------------------------------------------------------------------------
 # One head
 # ----------------------------------------------------------------------------------------------
@@ -254,6 +282,7 @@ def _structured(Q: Tensor, K: Tensor, A: Tensor, T: Tensor) -> dict[str, Any]:
     # Keys with the ones column: col([K, 1]) = span(1) + col(Ckc), complement Nk [n, p].
     Ckc, Nk, r_k, m_k = _split_ones(K)
     margins.append(m_k)
+    Nk = _group_constant(Nk, Ckc, Q, K, T)
     tangent = n * r_q + n * r_k - r_q * r_k - n
 
     # Per row i: B_i = P_i T (n x d), an orthonormal basis U_i of col(B_i) (orthogonal to 1, since

@@ -57,10 +57,10 @@ class TinyData(pl.LightningDataModule):
 
 
 class TinyModule(pl.LightningModule):
-    def __init__(self, head_combine="concat"):
+    def __init__(self, head_combine="concat", key_dim=2):
         super().__init__()
         self.model = TransformerClassifier(VOCAB, 2, embed_dim=16, num_heads=4, head_combine=head_combine,
-                                           key_dim=2, positional="sinusoidal", max_len=64)
+                                           key_dim=key_dim, positional="sinusoidal", max_len=64)
 
     def _loss(self, batch):
         return F.cross_entropy(self.model(batch["input_ids"], batch["attention_mask"]).logits, batch["labels"])
@@ -84,7 +84,7 @@ def _trainer(tmp_path, cb, max_epochs=1, **kw):
 @pytest.mark.parametrize("async_plots", [True, False])
 def test_callback_logs_keys_and_writes_plots(tmp_path, async_plots):
     torch.manual_seed(0)
-    cb = IdentifiabilityCallback(probe_size=12, num_plot_examples=2, seed=0, async_plots=async_plots)
+    cb = IdentifiabilityCallback(probe_size=12, num_plot_examples=2, seed=0, async_plots=async_plots, key_aware_examples=0)
     trainer = _trainer(tmp_path, cb)
     trainer.fit(TinyModule(), datamodule=TinyData())
 
@@ -185,3 +185,45 @@ def test_figures_on_every_nth_and_the_last_epoch_metrics_every_epoch(tmp_path):
     assert [len(list(d.glob("attention_val*.png"))) for d in epochs] == [0, 1, 1]
     assert [(d / "null_dim_vs_length.png").is_file() for d in epochs] == [False, True, True]
     assert all((d / "ident_metrics.json").is_file() for d in epochs)
+
+
+def _generic_key_aware(n):  # concat head, d_k = 3, d_v = 4, distinct tokens (docs/identifiability.md 2.5)
+    return max(0, 3 * (n - 4) - n * (4 - 3))
+
+
+@pytest.mark.parametrize("every", [1, None])
+def test_key_aware_count_per_epoch_or_at_the_end_of_fit(tmp_path, every):
+    torch.manual_seed(0)
+    cb = IdentifiabilityCallback(probe_size=4, plots=False, key_aware_examples=3, key_aware_every_n_epochs=every)
+    trainer = _trainer(tmp_path, cb, max_epochs=2)
+    trainer.fit(TinyModule(key_dim=3), datamodule=TinyData())
+    folder = "epoch_001" if every else "final"
+    record = json.loads((tmp_path / "identifiability" / folder / "key_aware.json").read_text())
+    # targets 64 (none that long: the longest example, whole), 16 and 8 (examples cut to them)
+    lengths = record["lengths"]
+    assert lengths[1:] == [16, 8] and lengths[0] == max(len(x) for x in TinyData().val_dataset["input_ids"])
+    expected = np.mean([_generic_key_aware(n) for n in lengths])  # every head has the generic count
+    assert record["alternative_dim"] == [[[_generic_key_aware(n)] * 4] for n in lengths]
+    metrics = trainer.callback_metrics
+    assert float(metrics["val/ident/key_aware_alternative_dim"]) == pytest.approx(expected)
+    assert float(metrics["val/ident/key_agnostic_alternative_dim"]) == pytest.approx(np.mean([n * (n - 5) for n in lengths]))
+    assert float(metrics["val/ident/key_aware_identifiable_frac"]) == 0.0
+    with open(trainer.logger.log_dir + "/metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    logged = [r for r in rows if r.get("val/ident/key_aware_alternative_dim")]
+    assert len(logged) == (2 if every else 1)
+    assert not (tmp_path / "identifiability" / ("final" if every else "epoch_001") / "key_aware.json").exists()
+
+
+def test_key_aware_examples_span_the_lengths_up_to_max_length():
+    from identifiable_transformers.diagnostics.key_aware_probe import key_aware_targets, select_key_aware_examples
+
+    assert key_aware_targets(3, 512) == [512, 128, 32]
+    assert key_aware_targets(4, 20) == [20, 8]
+    lengths = [600, 40, 130, 700, 9, 300]
+    chosen = select_key_aware_examples(lengths, 3, 512, seed=0)
+    assert [n for _, n in chosen] == [512, 128, 32]
+    assert all(lengths[i] >= n for i, n in chosen) and len({i for i, _ in chosen}) == 3
+    assert select_key_aware_examples([10, 30, 20], 2, 512) == [(1, 30), (2, 20)]  # none long enough: longest, whole
+    with pytest.raises(ValueError, match="key_aware_every_n_epochs"):
+        IdentifiabilityCallback(key_aware_every_n_epochs=0)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..wandb_logging import log_epoch_media, logged_step, wandb_loggers
+from .callback_media import IdentifiabilityMedia, _render, attention_image  # noqa: F401 (re-exported)
 from .identifiability import attention_identifiability, identifiable_length
 
 log = logging.getLogger(__name__)
@@ -94,8 +95,6 @@ def summarize_report(report: dict[str, Any], prefix: str = "val/ident") -> dict[
 
 _PER_HEAD_KEY = re.compile(r"^val/ident/l\d+_h\d+/")
 HEAD_COLUMNS = ["epoch", "layer", "head", *_LOGGED.values(), "identifiable_frac", "stochastic_identifiable_frac"]
-PROBE_COLUMNS = ["example", "length", "text", "layer", "head", "null_dim", "stochastic_null_dim", "identifiable",
-                 "alt_tv", "effective_gap", "attention"]
 
 
 def head_rows(report: dict[str, Any], epoch: int) -> list[list]:
@@ -107,17 +106,7 @@ def head_rows(report: dict[str, Any], epoch: int) -> list[list]:
             for l in range(L) for h in range(H)]
 
 
-def attention_image(weights: np.ndarray, pixels: int = 128) -> np.ndarray:
-    """An n x n attention map as an RGB uint8 heatmap (viridis, scaled to its max), about ``pixels`` wide."""
-    from matplotlib import colormaps
-
-    scaled = weights / max(float(weights.max()), 1e-12)
-    rgb = (colormaps["viridis"](scaled)[..., :3] * 255).astype(np.uint8)
-    k = max(1, pixels // max(weights.shape[0], 1))
-    return rgb.repeat(k, axis=0).repeat(k, axis=1)
-
-
-class IdentifiabilityCallback(pl.Callback):
+class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
     """Log identifiability diagnostics of the attention heads once per validation epoch.
 
     Args:
@@ -144,6 +133,11 @@ class IdentifiabilityCallback(pl.Callback):
         wandb_tables: with a ``WandbLogger``, log the ``val/ident/heads`` table every diagnosed
             epoch and the ``val/ident/probe`` table (every probe example, layer and head, with its
             attention map) at the end of fit.
+        key_aware_examples: validation examples for the key-aware count (docs/identifiability.md
+            2.5), with lengths max_length, max_length / 4, max_length / 16, ... (0: off).
+        key_aware_every_n_epochs: count on every n-th diagnosed epoch; None = once, at the end of
+            fit (for long inputs, where one count costs seconds per head).
+        key_aware_max_length: the longest probe; None = the data's ``max_length`` (else the model's).
     """
 
     def __init__(
@@ -159,6 +153,9 @@ class IdentifiabilityCallback(pl.Callback):
         async_plots: bool | None = None,
         per_head_scalars: bool = True,
         wandb_tables: bool = True,
+        key_aware_examples: int = 3,
+        key_aware_every_n_epochs: int | None = 1,
+        key_aware_max_length: int | None = None,
     ) -> None:
         super().__init__()
         if probe_size < 1:
@@ -171,6 +168,15 @@ class IdentifiabilityCallback(pl.Callback):
             raise ValueError(f"num_plot_examples must be >= 0, got {num_plot_examples}")
         if max_probe_length is not None and max_probe_length < 1:
             raise ValueError(f"max_probe_length must be >= 1 or null, got {max_probe_length}")
+        if key_aware_examples < 0:
+            raise ValueError(f"key_aware_examples must be >= 0, got {key_aware_examples}")
+        if key_aware_every_n_epochs is not None and key_aware_every_n_epochs < 1:
+            raise ValueError(f"key_aware_every_n_epochs must be >= 1 or null (end of fit), got {key_aware_every_n_epochs}")
+        if key_aware_max_length is not None and key_aware_max_length < 2:
+            raise ValueError(f"key_aware_max_length must be >= 2 or null, got {key_aware_max_length}")
+        self.key_aware_examples, self.key_aware_every_n_epochs = key_aware_examples, key_aware_every_n_epochs
+        self.key_aware_max_length = key_aware_max_length
+        self._key_aware_probe: dict[str, Any] | None = None
         self.probe_size, self.every_n_epochs, self.seed = probe_size, every_n_epochs, seed
         self.num_plot_examples, self.max_probe_length = num_plot_examples, max_probe_length
         self.output_dir = output_dir
@@ -262,10 +268,12 @@ class IdentifiabilityCallback(pl.Callback):
         metrics["val/ident/identifiable_length"] = float(bounds["head"])
         metrics["val/ident/joint_identifiable_length"] = float(bounds["joint"])
         metrics["val/ident/compute_s"] = time.perf_counter() - t0
+        epoch = trainer.current_epoch
+        if self.key_aware_examples and self.key_aware_every_n_epochs and (epoch + 1) % self.key_aware_every_n_epochs == 0:
+            metrics.update(self._key_aware(trainer, pl_module, f"epoch_{epoch:03d}"))
         for key, value in metrics.items():
             if self.per_head_scalars or not _PER_HEAD_KEY.match(key):
                 pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
-        epoch = trainer.current_epoch
         self.last_report, self.last_metrics, self._last_epoch = report, metrics, epoch
         out = self._out_dir(trainer) / f"epoch_{epoch:03d}"
         out.mkdir(parents=True, exist_ok=True)
@@ -279,90 +287,36 @@ class IdentifiabilityCallback(pl.Callback):
         if self._plots_now(trainer):
             self._plot(trainer, pl_module, report, probe, out)
 
-    # ------------------------------------------------------------------------------------ plots
-    def _plots_now(self, trainer: pl.Trainer) -> bool:
-        epoch = trainer.current_epoch
-        last = trainer.max_epochs is not None and epoch == trainer.max_epochs - 1
-        return self.plots and ((epoch + 1) % self.plot_every_n_epochs == 0 or last)
+    # ------------------------------------------------------------------------------- key-aware
+    def _key_aware(self, trainer: pl.Trainer, pl_module: pl.LightningModule, folder: str) -> dict[str, float]:
+        """The key-aware count on the long probe sentences; writes ``<folder>/key_aware.json``."""
+        from .key_aware_probe import key_aware_batch, key_aware_metrics, select_key_aware_examples
 
-    def _plot_positions(self, lengths: list[int]) -> list[int]:
-        """Probe positions to draw: spread over the upper three quarters of the length range."""
-        k = min(self.num_plot_examples, len(lengths))
-        if k == 0:
-            return []
-        quantiles = np.linspace(0.25, 1.0, k) if k > 1 else np.array([0.75])
-        return sorted({int(round(q * (len(lengths) - 1))) for q in quantiles})
-
-    def _plot(self, trainer, pl_module, report, probe, out: Path) -> None:
-        """Copy what the figures need, then render them (in a worker thread when ``async_plots``)."""
-        model = pl_module.model
-        epoch = trainer.current_epoch
-        job: dict[str, Any] = {
-            "out": out, "epoch": epoch, "step": logged_step(trainer),
-            "lengths": report["lengths"].numpy(), "null_dim": report["null_dim"].numpy(),
-            "stochastic_null_dim": report["stochastic_null_dim"].numpy(),
-            "model": dict(embed_dim=model.embed_dim, num_heads=model.num_heads, value_dim=model.value_dim,
-                          head_combine=model.head_combine), "examples": [],
-        }
-        for pos in self._plot_positions(probe["lengths"]) if "maps" in report else []:
-            n = int(report["lengths"][pos])
-            m = report["maps"][pos]
-            job["examples"].append({
-                "index": probe["indices"][pos], "n": n,
-                "tokens": probe["tokens"][pos][:n] if probe["tokens"] is not None else [str(i) for i in range(n)],
-                **{k: m[k].numpy() for k in ("attention", "effective", "alternative")},
-                **{k: report[k][pos].numpy() for k in ("alt_attention_tv", "witness_rel_error", "null_dim",
-                                                       "stochastic_null_dim")},
-            })
-        background = self.async_plots if self.async_plots is not None else pl_module.device.type != "cpu"
-        if background:
-            self._flush(trainer, wait=False)
-            if self._executor is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ident-plots")
-            self._pending.append(self._executor.submit(_render, job))
-        else:  # before Lightning logs this epoch's scalars: the images join their history row
-            self._log_wandb(trainer, _render(job), same_row=True)
-
-    def _flush(self, trainer: pl.Trainer, wait: bool) -> None:
-        """Send finished renders to W&B from the main thread (all of them when ``wait``)."""
-        still = []
-        for fut in self._pending:
-            if wait or fut.done():
-                try:
-                    self._log_wandb(trainer, fut.result())
-                except Exception as err:  # a failed figure must not kill training
-                    log.warning("identifiability plots failed: %s", err)
-            else:
-                still.append(fut)
-        self._pending = still
+        if self._key_aware_probe is None:
+            dm, model = trainer.datamodule, pl_module.model
+            cap = min(self.key_aware_max_length or getattr(dm, "max_length", None) or model.max_len, model.max_len)
+            ds = dm.val_dataset
+            chosen = select_key_aware_examples([len(x) for x in ds["input_ids"]], self.key_aware_examples, cap, self.seed)
+            batch = key_aware_batch([ds[i] for i, _ in chosen], [n for _, n in chosen], model.pad_id)
+            self._key_aware_probe = {"indices": [i for i, _ in chosen], "batch": batch, "max_length": cap}
+        probe = self._key_aware_probe
+        metrics, record = key_aware_metrics(pl_module.model, probe["batch"], pl_module.device)
+        out = self._out_dir(trainer) / folder
+        out.mkdir(parents=True, exist_ok=True)
+        record.update(indices=probe["indices"], max_length=probe["max_length"], metrics=metrics)
+        (out / "key_aware.json").write_text(json.dumps(record))
+        return metrics
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.key_aware_examples and self.key_aware_every_n_epochs is None and trainer.is_global_zero:
+            # once, with the final weights: no epoch is being logged any more, so go to the loggers directly
+            metrics = self._key_aware(trainer, pl_module, "final")
+            trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
         self._flush(trainer, wait=True)
         if self.wandb_tables and self.last_report is not None and trainer.is_global_zero and wandb_loggers(trainer):
             self._log_probe_table(trainer, pl_module)
-
-    def _log_probe_table(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Every probe example, layer and head of the final model: text, null dims, verdict, attention."""
-        import wandb
-
-        probe, batch = self._probe, self._probe["batch"]
-        report = attention_identifiability(pl_module.model, batch["input_ids"].to(pl_module.device),
-                                           batch["attention_mask"].to(pl_module.device), return_maps=True)
-        rows = []
-        for pos, index in enumerate(probe["indices"]):
-            n = int(report["lengths"][pos])
-            text = " ".join(probe["tokens"][pos][:n]) if probe["tokens"] is not None else ""
-            attention = report["maps"][pos]["attention"].numpy()  # [L, H, n, n]
-            for l in range(attention.shape[0]):
-                for h in range(attention.shape[1]):
-                    nd = int(report["null_dim"][pos, l, h])
-                    rows.append([index, n, text, l, h, nd, int(report["stochastic_null_dim"][pos, l, h]), nd == 0,
-                                 float(report["alt_attention_tv"][pos, l, h]), float(report["effective_gap"][pos, l, h]),
-                                 wandb.Image(attention_image(attention[l, h]))])
-        log_epoch_media(trainer, {"val/ident/probe": wandb.Table(columns=PROBE_COLUMNS, data=rows)},
-                        self._last_epoch, logged_step(trainer), same_row=False)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.training:  # trainer.validate(): nothing runs after, so finish now
@@ -373,39 +327,3 @@ class IdentifiabilityCallback(pl.Callback):
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
-
-    @staticmethod
-    def _log_wandb(trainer: pl.Trainer, rendered: dict[str, Any], same_row: bool = False) -> None:
-        """Log one epoch's figures with that epoch's ``epoch`` and ``trainer/global_step``."""
-        if not wandb_loggers(trainer):
-            return
-        import wandb
-
-        images = {"val/ident/null_dim_vs_length": [wandb.Image(p) for p in rendered["null_dim_vs_length"]]}
-        if rendered["attention"]:
-            images["val/ident/attention"] = [wandb.Image(p, caption=c)
-                                             for p, c in zip(rendered["attention"], rendered["captions"])]
-        log_epoch_media(trainer, images, rendered["epoch"], rendered["step"], same_row)
-
-
-def _render(job: dict[str, Any]) -> dict[str, Any]:
-    """Draw and save one epoch's figures (runs in the plot thread: touches no trainer state)."""
-    from .plots import plot_attention_maps, plot_null_dim_vs_length, save_figure
-
-    out, epoch, cfg = job["out"], job["epoch"], job["model"]
-    fig = plot_null_dim_vs_length(
-        job["lengths"], job["null_dim"], job["stochastic_null_dim"], **cfg,
-        title=f"epoch {epoch}: null dims vs length ({cfg['head_combine']}, d={cfg['embed_dim']}, "
-              f"h={cfg['num_heads']}, d_v={cfg['value_dim']})",
-    )
-    rendered = {"epoch": epoch, "step": job["step"], "null_dim_vs_length": [str(save_figure(fig, out / "null_dim_vs_length.png"))],
-                "attention": [], "captions": []}
-    for ex in job["examples"]:
-        fig = plot_attention_maps(
-            ex["attention"], ex["effective"], ex["alternative"], tokens=ex["tokens"], alt_tv=ex["alt_attention_tv"],
-            rel_error=ex["witness_rel_error"], null_dim=ex["null_dim"], stochastic_null_dim=ex["stochastic_null_dim"],
-            title=f"epoch {epoch}, validation example {ex['index']} (n={ex['n']})",
-        )
-        rendered["attention"].append(str(save_figure(fig, out / f"attention_val{ex['index']}.png")))
-        rendered["captions"].append(f"val example {ex['index']}, n={ex['n']}")
-    return rendered

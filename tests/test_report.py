@@ -39,9 +39,9 @@ def test_report_aggregates_mean_and_std_per_configuration(tmp_path):
     assert (tmp_path / "out" / "test_acc_vs_key_dim.png").stat().st_size > 0
 
 
-def test_report_on_empty_directory_names_the_problem(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no metrics.json"):
-        main([str(tmp_path)])
+def test_report_on_empty_directory_names_the_problem(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 1
+    assert capsys.readouterr().err == f"Error: no metrics.json under {tmp_path}: pass the directory of a finished sweep\n"
 
 
 def _entropy(p):

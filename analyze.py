@@ -17,7 +17,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, ListConfig
 
-from identifiable_transformers.cli import exit_on_user_error
+from identifiable_transformers.cli import ensure_output_dir, exit_on_user_error
 
 os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
 log = logging.getLogger("analyze")
@@ -84,6 +84,8 @@ def main(cfg: DictConfig) -> str:
         raise FileNotFoundError(f"ckpt_path={str(cfg.ckpt_path)!r} is not a file: pass a checkpoint written by train.py "
                                 "(e.g. logs/train/runs/<time>/checkpoints/last.ckpt)")
     texts = _texts_from_cfg(cfg)
+    if cfg.get("output_dir"):  # before any work: a file in the way would fail only once the report is drawn
+        ensure_output_dir(cfg.output_dir, "output_dir")
     module = TextClassifier.load_from_checkpoint(str(ckpt), map_location="cpu")
     model = module.model.eval()
     tokenizer = module.tokenizer

@@ -115,6 +115,11 @@ def read_checkpoint(path: str | os.PathLike, what: str = "checkpoint") -> tuple[
     return ckpt, data
 
 
+def _some(names: list[str], shown: int = 4) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def check_compatible(ckpt: dict[str, Any], module: torch.nn.Module, path: str | os.PathLike,
                      what: str = "checkpoint") -> None:
     """A :class:`CheckpointError` listing the differing hyper-parameters and tensor shapes when the
@@ -133,8 +138,12 @@ def check_compatible(ckpt: dict[str, Any], module: torch.nn.Module, path: str | 
     parts = [f"hyper-parameters (checkpoint vs this run): {hp}"] if hp else []
     if shapes:
         parts.append("shapes (checkpoint vs this run): " + ", ".join(f"{k} {a} vs {b}" for k, (a, b) in list(shapes.items())[:5]))
-    if missing or unexpected:
-        parts.append(f"{len(missing)} weight(s) missing, {len(unexpected)} unexpected (e.g. {(missing or unexpected)[:3]})")
+    # Both lists are named: a deeper checkpoint has only unexpected weights (model.layers.1.*), a
+    # shallower one only missing ones; Lightning's strict load would fail on either with a raw error.
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected weight(s), in the checkpoint but not in this model: {_some(unexpected)}")
+    if missing:
+        parts.append(f"{len(missing)} missing weight(s), in this model but not in the checkpoint: {_some(missing)}")
     raise CheckpointError(f"{what} {str(path)!r} holds a model of another size or kind; " + "; ".join(parts)
                           + ". Pass the model settings it was trained with.")
 

@@ -157,8 +157,11 @@ def test_report_computes_the_key_aware_count_of_a_genuine_checkpoint(genuine, tm
     sweep = _sweep(tmp_path, ckpt, data_cfg)
     assert report([str(sweep), "--out", str(tmp_path / "out"), "--cache-dir", str(cache_dir)]) == 0
     ka = json.loads((sweep / "0" / "identifiability" / "key_aware.json").read_text())
-    assert ka["indices"] == [3, 5]
-    # the rebuilt validation examples, <cls> included, as the data module itself serves them
-    assert ka["lengths"] == [len(dm.val_dataset[i]["input_ids"]) for i in (3, 5)]
+    # default lengths 16, 64, 256: 256 exceeds the model's max_len 64, and no review reaches 64 tokens
+    assert ka["targets"] == [16, 64, 256] and ka["lengths"] == [16]
+    assert len(dm.val_dataset[ka["indices"][0]]["input_ids"]) >= 16  # a rebuilt validation example, cut to 16
+    captured = capsys.readouterr()
+    assert "no validation example reaches [64, 256] tokens" in captured.out
     assert not Path(data_cfg["cache_dir"]).exists()  # this machine's cache, not the training machine's
-    assert "warning" not in capsys.readouterr().err
+    assert "warning" not in captured.err
+    assert ka["random_alternative_dim"] and ka["margin"]

@@ -179,3 +179,34 @@ def test_key_aware_table_is_per_example_length(tmp_path):
     for (n, key), per_seed in expected.items():
         assert table.loc[n, f"{key}_mean"] == pytest.approx(statistics.mean(per_seed)), (n, key)
         assert table.loc[n, f"{key}_std"] == pytest.approx(statistics.stdev(per_seed)), (n, key)
+
+
+def test_key_aware_lengths_random_heads_and_margins_are_tabulated(tmp_path, capsys):
+    """Hand-made counts of two configurations at n = 16, 64, 256: the identifiable length is the longest
+    n before the first alternative; matched random heads get their own; a bad --key-aware-lengths is refused."""
+    from identifiable_transformers.report import key_aware_lengths, key_aware_table
+
+    config = {"data": "imdb_offline", "head_combine": "add", "embed_dim": 64, "num_heads": 2, "value_dim": 64}
+    rows = []
+    counts = {2: ([[[0, 0]], [[0, 0]], [[0, 0]]], [[[0, 0]], [[0, 0]], [[0, 3]]]),  # d_k = 2: none trained
+              64: ([[[0, 0]], [[0, 5]], [[9, 9]]], [[[0, 0]], [[4, 4]], [[8, 8]]])}
+    for key_dim, (alt, rnd) in counts.items():
+        d = tmp_path / str(key_dim) / "identifiability"
+        d.mkdir(parents=True)
+        margin = [[[1e6, None]], [[3.0, 1e5]], [[2e4, 2e4]]]
+        d.joinpath("key_aware.json").write_text(json.dumps({
+            "targets": [16, 64, 256], "lengths": [16, 64, 256], "alternative_dim": alt, "random_alternative_dim": rnd,
+            "key_agnostic_dim": [[[0, 0]]] * 3, "tangent_dim": [[[1, 1]]] * 3, "margin": margin}))
+        rows.append({**config, "key_dim": key_dim, "seed": 1, "run": str(key_dim), "_dir": str(d.parent)})
+    table = key_aware_table(pd.DataFrame(rows))
+    t64 = table[table["key_dim"] == 64].set_index("n")
+    assert list(t64["identifiable_heads"]) == [1.0, 0.5, 0.0]
+    assert list(t64["random_alternative_dim_mean"]) == [0.0, 4.0, 8.0]
+    assert list(t64["margin_min"]) == [1e6, 3.0, 2e4]
+    lengths = key_aware_lengths(table).set_index("key_dim")
+    assert lengths.loc[2, "identifiable_length"] == 256 and lengths.loc[2, "random_identifiable_length"] == 64
+    assert lengths.loc[64, "identifiable_length"] == 16 and lengths.loc[64, "random_identifiable_length"] == 16
+
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path), "--key-aware-lengths", "16,abc"])
+    assert exit_.value.code == 1 and "Error: argument --key-aware-lengths" in capsys.readouterr().err

@@ -34,7 +34,6 @@ above the tolerance: full rank), and by an SVD of its R factor when the certific
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import torch
@@ -337,21 +336,17 @@ def _structured(Q: Tensor, K: Tensor, A: Tensor, T: Tensor) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 # Every head of a model
 # ----------------------------------------------------------------------------------------------
-def key_aware_alternative_dims(
-    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None, method: str = "auto"
-) -> dict[str, Any]:
-    """``generatable_alternative_dim`` for every example, layer and head of a TransformerClassifier.
+def head_inputs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None) -> dict[str, Any]:
+    """Per layer, every head's queries and keys [B, T, H, d_k] and value-output matrices T [B, H, T, d].
 
-    Queries and keys are captured with forward hooks on each layer's ``attn.q_proj`` /
-    ``attn.k_proj`` while ``attention_internals`` runs; everything is restricted to real tokens.
-    Returns [B, L, H] long tensors ``alternative_dim``, ``key_agnostic_dim``, ``tangent_dim``,
-    ``output_rank``, ``lengths`` [B], and nested lists [B][L][H] ``margin`` (None for inf) and ``method``.
+    Queries and keys are captured with forward hooks on each layer's ``attn.q_proj`` / ``attn.k_proj``
+    while ``attention_internals`` runs (eval mode, no gradients), in float64 on the CPU.
     """
     from .internals import _lengths_from_mask, _run_internals, value_output_matrices
 
     layers = getattr(model, "layers", None)
     if layers is None or not all(hasattr(getattr(l, "attn", None), "q_proj") for l in layers):
-        raise TypeError("key_aware_alternative_dims needs a TransformerClassifier (layers[i].attn.q_proj/k_proj)")
+        raise TypeError("key-aware counts need a TransformerClassifier (layers[i].attn.q_proj/k_proj)")
     captured: dict[tuple[int, str], Tensor] = {}
     hooks = []
     for i, layer in enumerate(layers):
@@ -364,21 +359,41 @@ def key_aware_alternative_dims(
     finally:
         for h in hooks:
             h.remove()
-    lengths = _lengths_from_mask(attention_mask)
-    _, T_all = value_output_matrices(internals)
+    _, T_all = value_output_matrices(internals)  # (B, L, H, T, d)
     B, L, H = T_all.shape[:3]
     dk = model.key_dim
+    view = lambda x: x.to("cpu", _F64).view(B, -1, H, dk)  # noqa: E731  (B, T, H, dk)
+    return {
+        "lengths": _lengths_from_mask(attention_mask),
+        "q": [view(captured[(l, "q_proj")]) for l in range(L)],
+        "k": [view(captured[(l, "k_proj")]) for l in range(L)],
+        "T": T_all,
+        "shape": (B, L, H),
+    }
+
+
+def key_aware_alternative_dims(
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None, method: str = "auto"
+) -> dict[str, Any]:
+    """``generatable_alternative_dim`` for every example, layer and head of a TransformerClassifier.
+
+    Everything is restricted to each example's real tokens. Returns [B, L, H] long tensors
+    ``alternative_dim``, ``key_agnostic_dim``, ``tangent_dim``, ``output_rank``, ``lengths`` [B], and
+    nested lists [B][L][H] ``margin`` (None for inf) and ``method``.
+    """
+    heads = head_inputs(model, input_ids, attention_mask)
+    B, L, H = heads["shape"]
+    lengths = heads["lengths"]
     keys = ("alternative_dim", "key_agnostic_dim", "tangent_dim", "output_rank")
     out: dict[str, Any] = {k: torch.zeros(B, L, H, dtype=torch.long) for k in keys}
     margins = [[[None] * H for _ in range(L)] for _ in range(B)]
     methods = [[[None] * H for _ in range(L)] for _ in range(B)]
     for l in range(L):
-        q = captured[(l, "q_proj")].to("cpu", _F64).view(B, -1, H, dk)  # (B, T, H, dk)
-        k = captured[(l, "k_proj")].to("cpu", _F64).view(B, -1, H, dk)
         for b in range(B):
             n = int(lengths[b])
             for h in range(H):
-                res = generatable_alternative_dim(q[b, :n, h], k[b, :n, h], T_all[b, l, h, :n], method=method)
+                res = generatable_alternative_dim(heads["q"][l][b, :n, h], heads["k"][l][b, :n, h],
+                                                  heads["T"][b, l, h, :n], method=method)
                 for key in keys:
                     out[key][b, l, h] = res[key]
                 margins[b][l][h] = res["margin"] if math.isfinite(res["margin"]) else None

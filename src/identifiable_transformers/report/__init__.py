@@ -7,8 +7,10 @@ and identifiability against the key size. When the runs logged the faithfulness 
 configuration and explainer) and ``seed_agreement.md``/``.csv`` (Jensen-Shannon divergence between the
 seeds' explanations of the same probe examples, from each run's ``identifiability/explanations.json``).
 ``key_aware.md``/``.csv`` tabulate the docs/identifiability.md 2.5 key-aware count of alternatives per
-checkpoint, computed into ``<run>/identifiability/key_aware.json`` when missing (``--no-key-aware``:
-use only the files already there).
+configuration and input length (``--key-aware-lengths``, default 16,64,256), beside matched random heads,
+with the key-aware identifiable length per configuration (``key_aware_length.csv``) and
+``key_aware_vs_length.png``; the counts of each best checkpoint go to ``<run>/identifiability/key_aware.json``
+when missing or counted at other lengths (``--no-key-aware``: use only the files already there).
 
 A checkpoint is someone else's file: the runs' data is rebuilt from the data settings it holds as
 plain ``TextDataModule`` arguments (:func:`identifiable_transformers.checkpoint.data_module_from_checkpoint`),
@@ -23,12 +25,12 @@ key-aware count per checkpoint and its table), :mod:`.plots`, :mod:`.cli` (argum
 from .cli import main
 from .faithfulness import (DISTRIBUTION_EXPLAINERS, EXPLAINER_ORDER, FAITH_KEY, FAITH_METRICS, faithfulness_table,
                            js_divergence, load_explanations, seed_agreement)
-from .key_aware import KEY_AWARE_LENGTHS, ensure_key_aware, key_aware_counts, key_aware_table
+from .key_aware import KEY_AWARE_LENGTHS, ensure_key_aware, key_aware_counts, key_aware_lengths, key_aware_table
 from .markdown import markdown_table
-from .plots import plot
+from .plots import plot, plot_key_aware
 from .runs import COLUMNS, GROUP, ReportWarning, failed_jobs, load_runs, summarise, to_markdown
 
 __all__ = ["COLUMNS", "DISTRIBUTION_EXPLAINERS", "EXPLAINER_ORDER", "FAITH_KEY", "FAITH_METRICS", "GROUP",
            "KEY_AWARE_LENGTHS", "ReportWarning", "ensure_key_aware", "failed_jobs", "faithfulness_table", "js_divergence", "key_aware_counts",
-           "key_aware_table", "load_explanations", "load_runs", "main", "markdown_table", "plot", "seed_agreement",
+           "key_aware_lengths", "key_aware_table", "load_explanations", "load_runs", "main", "markdown_table", "plot", "plot_key_aware", "seed_agreement",
            "summarise", "to_markdown"]

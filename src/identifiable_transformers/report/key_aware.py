@@ -1,9 +1,18 @@
-"""The docs/identifiability.md 2.5 key-aware count of alternatives per checkpoint (written to
-``<run>/identifiability/key_aware.json``) and its table per configuration and example length."""
+"""The docs/identifiability.md 2.5 key-aware count per checkpoint, at real lengths, beside random heads.
+
+For each run's best checkpoint the report takes, per target length n (``KEY_AWARE_LENGTHS`` or
+``--key-aware-lengths``), one validation example at least n tokens long, cut to n, and counts per head
+the alternatives the head itself could produce (``generatable_alternative_dim``, exact and structured).
+Beside every trained head it counts a *matched random head*: Gaussian Q, K and T of the same shapes,
+each scaled to the trained one's Frobenius norm, so that the logits have the same size and attention is
+as peaked or as flat. Results go to ``<run>/identifiability/key_aware.json``; the table is per
+configuration and length, with the key-aware identifiable length (the longest n with no alternative).
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -13,52 +22,49 @@ import pandas as pd
 
 from .runs import GROUP, ReportWarning
 
-# Key-aware count (docs/identifiability.md 2.5): probe examples nearest these lengths (<cls> included).
-# Dense float64 Jacobians of size n^2 x 2n*d_k make it slow beyond ~20 tokens at d_k = 64; 12 lies
-# below the baseline's row-stochastic bound d/h + 1 = 17 (no alternatives of any kind), 20 above it.
-KEY_AWARE_LENGTHS = (12, 20)
+KEY_AWARE_LENGTHS = (16, 64, 256)
+COUNTS = ("alternative_dim", "key_agnostic_dim", "tangent_dim")
 
 
-def key_aware_counts(model, input_ids, attention_mask) -> dict:
-    """The docs/identifiability.md 2.5 counts of ``key_aware_alternative_dims``, as lists [B][L][H].
+def key_aware_counts(model, input_ids, attention_mask, random_heads: bool = True, seed: int = 0) -> dict:
+    """Counts per example, layer and head as nested lists [B][L][H], trained and matched random heads.
 
-    Same maths, cheaper: each head's T (n x d) is replaced by T_r = U_r S_r from its SVD, r = rank(T). T_r
-    spans the same column space, so Delta T = 0 exactly when Delta T_r = 0 and rank([T, 1]) = rank([T_r, 1]);
-    the map Delta -> Delta T_r has n*r rows instead of n*d (4x fewer for the baseline's d/h = 16), which
-    makes its float64 SVD about 16x cheaper. Tested against ``key_aware_alternative_dims``.
+    Keys: ``alternative_dim``, ``key_agnostic_dim``, ``tangent_dim``, ``margin`` (None: no decision near
+    a tolerance), ``method``, and with ``random_heads`` ``random_alternative_dim``, ``random_margin``.
     """
     import torch
 
-    from ..diagnostics.identifiability import generatable_alternative_dim, value_output_matrices
+    from ..diagnostics.key_aware import generatable_alternative_dim, head_inputs
 
-    model = model.eval()
-    captured = {}
-    hooks = [getattr(layer.attn, name).register_forward_hook(
-                 lambda _m, _i, out, key=(l, name): captured.__setitem__(key, out.detach()))
-             for l, layer in enumerate(model.layers) for name in ("q_proj", "k_proj")]
-    try:
-        with torch.no_grad():
-            internals = model.attention_internals(input_ids, attention_mask)
-    finally:
-        for h in hooks:
-            h.remove()
-    _, T_all = value_output_matrices(internals)  # (B, L, H, T, d) float64
-    B, L, H = T_all.shape[:3]
-    lengths = attention_mask.bool().sum(-1).tolist()
-    out = {k: [[[0] * H for _ in range(L)] for _ in range(B)] for k in ("alternative_dim", "key_agnostic_dim",
-                                                                        "tangent_dim")}
+    heads = head_inputs(model, input_ids, attention_mask)
+    B, L, H = heads["shape"]
+    lengths = heads["lengths"].tolist()
+    keys = [*COUNTS, "margin", "method"] + (["random_alternative_dim", "random_margin"] if random_heads else [])
+    out = {k: [[[None] * H for _ in range(L)] for _ in range(B)] for k in keys}
+    g = torch.Generator().manual_seed(seed)
+
+    def matched(x):
+        r = torch.randn(x.shape, generator=g, dtype=x.dtype)
+        return r * (x.norm() / r.norm())
+
     for l in range(L):
-        q = captured[(l, "q_proj")].double().view(B, -1, H, model.key_dim)  # (B, T, H, dk)
-        k = captured[(l, "k_proj")].double().view(B, -1, H, model.key_dim)
         for b, n in enumerate(lengths):
             for h in range(H):
-                T = T_all[b, l, h, :n]
-                U, S, _ = torch.linalg.svd(T, full_matrices=False)
-                r = int(torch.linalg.matrix_rank(T))
-                res = generatable_alternative_dim(q[b, :n, h], k[b, :n, h], U[:, :r] * S[:r] if r else T)
-                for key in out:
-                    out[key][b][l][h] = res[key]
+                Q, K, T = heads["q"][l][b, :n, h], heads["k"][l][b, :n, h], heads["T"][b, l, h, :n]
+                res = generatable_alternative_dim(Q, K, T)
+                for k in COUNTS:
+                    out[k][b][l][h] = res[k]
+                out["margin"][b][l][h] = _finite(res["margin"])
+                out["method"][b][l][h] = res["method"]
+                if random_heads:
+                    rnd = generatable_alternative_dim(matched(Q), matched(K), matched(T))
+                    out["random_alternative_dim"][b][l][h] = rnd["alternative_dim"]
+                    out["random_margin"][b][l][h] = _finite(rnd["margin"])
     return {**out, "lengths": lengths}
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def default_cache_dir() -> str:
@@ -66,21 +72,30 @@ def default_cache_dir() -> str:
     return os.environ.get("IDT_CACHE_DIR", "~/.cache/identifiable_transformers")
 
 
-def _probe_batch(run_dir: Path, module, targets=KEY_AWARE_LENGTHS, cache: dict | None = None,
-                 cache_dir: str | None = None, what: str = "checkpoint"):
-    """The run's probe examples nearest the target lengths, rebuilt from the checkpoint's data settings
-    (as plain keyword arguments: a checkpoint's ``_target_`` is never run) with this machine's cache."""
-    from ..checkpoint import CheckpointError, data_module_from_checkpoint
-
-    probe = json.loads((run_dir / "identifiability" / "probe.json").read_text())
-    picked = []
+def pick_examples(lengths, targets, seed: int = 0) -> list[tuple[int, int]]:
+    """(index, n) per target n: a seeded example at least n tokens long (cut to n); targets no example reaches are left out."""
+    rng = np.random.default_rng(seed)
+    lengths = np.asarray(lengths)
+    picked: list[tuple[int, int]] = []
     for t in targets:
-        free = [(abs(n - t), n, i) for i, n in zip(probe["indices"], probe["lengths"]) if i not in picked]
-        if free:
-            picked.append(min(free)[2])
+        pool = [int(i) for i in np.flatnonzero(lengths >= t) if int(i) not in {p for p, _ in picked}]
+        if pool:
+            picked.append((int(rng.choice(pool)), int(t)))
+    return picked
+
+
+def _probe_batch(module, targets=KEY_AWARE_LENGTHS, cache: dict | None = None, cache_dir: str | None = None,
+                 what: str = "checkpoint"):
+    """Validation examples at the target lengths, rebuilt from the checkpoint's data settings (as plain
+    keyword arguments: a checkpoint's ``_target_`` is never run) with this machine's cache."""
+    import torch
+
+    from ..checkpoint import CheckpointError, data_module_from_checkpoint
+    from ..diagnostics.key_aware_probe import key_aware_batch
+
     data_cfg = module.hparams.get("data_cfg")
     if not data_cfg:
-        raise CheckpointError(f"{what} has no data_cfg; cannot rebuild its probe examples")
+        raise CheckpointError(f"{what} has no data_cfg; cannot rebuild its validation examples")
     key = json.dumps(data_cfg, sort_keys=True, default=str)
     cache = {} if cache is None else cache
     if key not in cache:
@@ -91,7 +106,13 @@ def _probe_batch(run_dir: Path, module, targets=KEY_AWARE_LENGTHS, cache: dict |
     dm = cache[key]
     if module.tokenizer is not None and dm.tokenizer.to_str() != module.tokenizer.to_str():
         raise CheckpointError(f"{what}: the rebuilt data's tokenizer differs from the checkpoint's")
-    return dm.collate([dm.val_dataset[i] for i in picked]), picked
+    lengths = [len(x) for x in dm.val_dataset["input_ids"]]
+    picked = pick_examples(lengths, [t for t in targets if t <= module.model.max_len])
+    if not picked:
+        return None, [], max(lengths)
+    batch = key_aware_batch([dm.val_dataset[i] for i, _ in picked], [n for _, n in picked], module.model.pad_id)
+    batch["attention_mask"] = batch["attention_mask"].to(torch.bool)
+    return batch, picked, max(lengths)
 
 
 def _checkpoint_of(row) -> Path | None:
@@ -104,41 +125,49 @@ def _checkpoint_of(row) -> Path | None:
     return None
 
 
-def ensure_key_aware(runs: pd.DataFrame, compute: bool = True, cache_dir: str | None = None) -> list[str]:
-    """Write ``<run>/identifiability/key_aware.json`` for every run that lacks it; return notes on skipped runs.
+def ensure_key_aware(runs: pd.DataFrame, compute: bool = True, cache_dir: str | None = None,
+                     targets=KEY_AWARE_LENGTHS) -> list[str]:
+    """Write ``<run>/identifiability/key_aware.json`` for every run that lacks it at these target lengths;
+    return notes on skipped runs and unreachable lengths.
 
     A run whose checkpoint is refused (damaged, foreign, or naming anything but ``TextDataModule`` in its
     data settings) or whose data cannot be rebuilt here is skipped with a warning; the other runs go on."""
     notes, cache = [], {}
+    targets = [int(t) for t in targets]
     for _, r in runs.iterrows():
         path = Path(r["_dir"]) / "identifiability" / "key_aware.json"
-        if path.is_file():
+        if path.is_file() and json.loads(path.read_text()).get("targets", targets) == targets:
             continue
         ckpt = _checkpoint_of(r)
-        if not compute or ckpt is None or not (path.parent / "probe.json").is_file():
-            why = "--no-key-aware" if not compute else "no best checkpoint" if ckpt is None else "no probe.json"
-            notes.append(f"{r['run']}: no key_aware.json ({why})")
+        if not compute or ckpt is None:
+            notes.append(f"{r['run']}: no key_aware.json ({'--no-key-aware' if not compute else 'no best checkpoint'})")
             continue
         try:
-            batch, picked, module = _load_probe(r, ckpt, cache, cache_dir)
+            module = _load_module(ckpt)
+            batch, picked, longest = _probe_batch(module, targets, cache=cache, cache_dir=cache_dir,
+                                                  what=f"checkpoint {ckpt}")
         except Exception as ex:
             if not _refusal(r, ex):
                 raise
             continue
-        counts = key_aware_counts(module.model, batch["input_ids"], batch["attention_mask"].bool())
-        path.write_text(json.dumps({"checkpoint": str(ckpt), "split": "validation", "indices": picked, **counts}))
-        print(f"key-aware count: {r['run']} ({ckpt.name}, probe examples {picked})", flush=True)
+        missing = [t for t in targets if t not in {n for _, n in picked}]
+        if missing:
+            notes.append(f"{r['run']}: no validation example reaches {missing} tokens (longest {longest}, "
+                         f"model max_len {module.model.max_len})")
+        if batch is None:
+            continue
+        print(f"key-aware count: {r['run']} ({ckpt.name}, lengths {[n for _, n in picked]})", flush=True)
+        counts = key_aware_counts(module.model, batch["input_ids"], batch["attention_mask"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"checkpoint": str(ckpt), "split": "validation", "targets": targets,
+                                    "indices": [i for i, _ in picked], **counts}))
     return notes
 
 
-def _load_probe(r, ckpt: Path, cache: dict, cache_dir: str | None):
-    """(probe batch, probe indices, module) of one run, from its checked checkpoint."""
+def _load_module(ckpt: Path):
     from ..lit_module import TextClassifier
 
-    module = TextClassifier.load_from_checkpoint(str(ckpt), map_location="cpu")
-    batch, picked = _probe_batch(Path(r["_dir"]), module, cache=cache, cache_dir=cache_dir,
-                                 what=f"checkpoint {ckpt}")
-    return batch, picked, module
+    return TextClassifier.load_from_checkpoint(str(ckpt), map_location="cpu")
 
 
 def _refusal(r, ex: Exception) -> bool:
@@ -153,7 +182,8 @@ def _refusal(r, ex: Exception) -> bool:
 
 
 def key_aware_table(runs: pd.DataFrame) -> pd.DataFrame | None:
-    """Per configuration and example length n: mean ± std over seeds (of the mean over layers and heads)."""
+    """Per configuration and example length n: mean ± std over seeds (of the mean over layers and heads),
+    the matched random heads' count, the smallest margin, and the share of heads with no alternative."""
     rows = []
     for _, r in runs.iterrows():
         path = Path(r["_dir"]) / "identifiability" / "key_aware.json"
@@ -161,12 +191,47 @@ def key_aware_table(runs: pd.DataFrame) -> pd.DataFrame | None:
             continue
         ka = json.loads(path.read_text())
         for b, n in enumerate(ka["lengths"]):
-            rows.append({**{k: r[k] for k in GROUP}, "seed": r["seed"], "n": int(n),
-                         **{k: float(np.mean(ka[k][b])) for k in ("alternative_dim", "key_agnostic_dim", "tangent_dim")}})
+            row = {**{k: r[k] for k in GROUP}, "seed": r["seed"], "n": int(n),
+                   **{k: float(np.mean(ka[k][b])) for k in COUNTS},
+                   "identifiable_heads": float(np.mean(np.asarray(ka["alternative_dim"][b]) == 0))}
+            if "random_alternative_dim" in ka:
+                row["random_alternative_dim"] = float(np.mean(ka["random_alternative_dim"][b]))
+            if "margin" in ka:
+                m = [x for x in np.ravel(np.asarray(ka["margin"][b], dtype=object)) if x is not None]
+                row["margin_min"] = float(min(m)) if m else math.inf
+            rows.append(row)
     if not rows:
         return None
     per_run = pd.DataFrame(rows)
-    table = per_run.groupby(GROUP + ["n"])[["alternative_dim", "key_agnostic_dim", "tangent_dim"]].agg(["mean", "std"])
+    values = [c for c in (*COUNTS, "random_alternative_dim") if c in per_run]
+    table = per_run.groupby(GROUP + ["n"])[values].agg(["mean", "std"])
     table.columns = [f"{c}_{stat}" for c, stat in table.columns]
+    table["identifiable_heads"] = per_run.groupby(GROUP + ["n"])["identifiable_heads"].mean()
+    if "margin_min" in per_run:
+        table["margin_min"] = per_run.groupby(GROUP + ["n"])["margin_min"].min()
     table["runs"] = per_run.groupby(GROUP + ["n"]).size()
     return table.reset_index()
+
+
+def key_aware_lengths(table: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration: the key-aware identifiable length, the longest tested n such that no head of
+    any run has an alternative at n or at any shorter tested length (0: one already at the shortest),
+    and the same for the matched random heads."""
+    rows = []
+    for config, part in table.sort_values("n").groupby(GROUP, dropna=False):
+        row = dict(zip(GROUP, config if isinstance(config, tuple) else (config,)))
+        row["identifiable_length"] = _longest_prefix(part["n"], part["identifiable_heads"] == 1.0)
+        if "random_alternative_dim_mean" in part:
+            row["random_identifiable_length"] = _longest_prefix(part["n"], part["random_alternative_dim_mean"] == 0)
+        row["lengths_tested"] = ",".join(str(int(n)) for n in part["n"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _longest_prefix(lengths, ok) -> int:
+    longest = 0
+    for n, good in zip(lengths, ok):
+        if not good:
+            break
+        longest = int(n)
+    return longest

@@ -8,7 +8,7 @@ import pandas as pd
 def markdown_table(table: pd.DataFrame, keys: list[str], digits: int = 4) -> str:
     """One row per line: the key columns, then every ``<m>_mean``/``<m>_std`` pair as mean ± std."""
     metrics = [c[: -len("_mean")] for c in table.columns if c.endswith("_mean")]
-    extra = [c for c in ("runs", "pairs", "examples") if c in table]
+    extra = [c for c in ("identifiable_heads", "margin_min", "runs", "pairs", "examples") if c in table]
     header = keys + metrics + extra
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for _, row in table.iterrows():
@@ -22,6 +22,6 @@ def markdown_table(table: pd.DataFrame, keys: list[str], digits: int = 4) -> str
             else:
                 std = row[f"{m}_std"]
                 cells.append(f"{mean:.{digits}f} ± {0.0 if pd.isna(std) else std:.{digits}f}")
-        cells += [str(row[c]) for c in extra]
+        cells += [f"{row[c]:.3g}" if isinstance(row[c], float) else str(row[c]) for c in extra]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

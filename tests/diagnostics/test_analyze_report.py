@@ -60,6 +60,24 @@ def test_build_report_is_self_contained_and_consistent(tmp_path):
     assert page.count('<span class="bad">not identifiable</span>') == 2
 
 
+def test_key_aware_report_on_a_long_text(tmp_path):
+    # 300 tokens, beyond the old dense Jacobian's reach. Concat head, d_k = d_v = 4: a generic head can
+    # generate 4 (n - 5) of the n (n - 5) key-agnostic alternatives (docs/identifiability.md 2.5).
+    torch.manual_seed(0)
+    tok = _tokenizer()
+    model = TransformerClassifier(tok.get_vocab_size(), 2, embed_dim=8, num_heads=2, positional="sinusoidal").eval()
+    words = [WORDS[i] for i in torch.randint(0, len(WORDS), (300,), generator=torch.Generator().manual_seed(1))]
+    ids = torch.tensor([tok.encode(" ".join(words)).ids])
+    mask = ids != 0
+    build_report(model, ids, mask, tmp_path, tokens=tokens_for_batch(tok, ids, mask), texts=[" ".join(words)],
+                 label_names=["neg", "pos"], key_aware=True)
+    heads = json.loads((tmp_path / "report.json").read_text())["heads"]
+    assert [r["length"] for r in heads] == [300, 300]
+    for r in heads:
+        assert r["key_agnostic_dim"] == 300 * 295
+        assert r["key_aware_alternative_dim"] == 4 * 295
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ckpt")

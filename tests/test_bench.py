@@ -15,3 +15,12 @@ def test_bench_step_quick_runs_every_candidate_and_prints_the_ratios():
         assert f"\n{name} " in out.stdout
     assert "ours_concat            vs ref_concat" in out.stdout and "ours_add               vs ref_add" in out.stdout
     assert "of peak" in out.stdout
+
+
+def test_bench_key_aware_quick_runs_both_paths_and_checks_the_goals():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_key_aware.py"), "--quick", "--repeats", "1",
+                          "--threads", "1"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "all goals met" in out.stdout or "goals missed" in out.stdout
+    rows = [line.split() for line in out.stdout.splitlines() if line.strip().startswith(("32 ", "64 "))]
+    assert len(rows) == 4 and all(r[7] != "-" for r in rows)  # the dense path ran beside (it asserts equal counts)

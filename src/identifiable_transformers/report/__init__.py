@@ -1,4 +1,4 @@
-"""Aggregate a sweep: python -m identifiable_transformers.report SWEEP_DIR [--out DIR] [--no-key-aware]
+"""Aggregate a sweep: python -m identifiable_transformers.report SWEEP_DIR [--out DIR] [--no-key-aware] [--cache-dir DIR]
 
 Reads every job's ``metrics.json`` under SWEEP_DIR and writes ``results.csv`` (one row per job, every
 ``val/faith/*`` metric included), ``results.md`` (mean ± std per configuration) and plots of accuracy

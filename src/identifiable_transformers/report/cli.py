@@ -20,7 +20,8 @@ from .markdown import markdown_table
 from .plots import plot, plot_key_aware
 from .runs import GROUP, ReportWarning, failed_jobs, load_runs, summarise, to_markdown
 
-DESCRIPTION = "Aggregate a sweep: python -m identifiable_transformers.report SWEEP_DIR [--out DIR] [--no-key-aware]"
+DESCRIPTION = ("Aggregate a sweep: python -m identifiable_transformers.report SWEEP_DIR [--out DIR] [--no-key-aware] "
+               "[--cache-dir DIR]")
 
 
 class _Parser(argparse.ArgumentParser):

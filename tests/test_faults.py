@@ -254,7 +254,7 @@ def _kill_at(step):
 # 3 epochs of 4 steps; a tiny learning rate, so that the later epochs tie with epoch 0 on val/acc
 # while their weights (and test loss) still differ.
 TIES = ["trainer.max_epochs=3", "trainer.deterministic=true", "callbacks=[model_checkpoint,last_checkpoint]",
-        "model.lr=1e-5", "test=true"]
+        "model.lr=1e-6", "test=true"]
 
 
 def test_resume_into_a_new_directory_tests_the_same_best_checkpoint(make_cfg, tmp_path, monkeypatch):

@@ -14,7 +14,9 @@ import numpy as np
 from . import prepare as P
 from . import sources as S
 from .cache import _hash_file
+from .rationales import encode_with_rationales, parse_rationales
 from .registry import KNOWN_DATASETS
+from .synthetic import generate
 from .tokenizer import encode_ids, load_tokenizer, save_tokenizer, train_tokenizer
 
 log = logging.getLogger("identifiable_transformers.data")
@@ -35,6 +37,11 @@ class CacheBuilder:
             return raw
         if self.source == "package":
             return {"train": S.read_package(self.package_subset)}
+        if self.source == "synthetic":
+            spec = self.synthetic
+            frame = generate(spec)
+            log.info("[%s] source=synthetic task=%s: %d rows (seed=%d)", self.name, spec.task, len(frame), spec.seed)
+            return {"train": S.RawSplit(origin=f"the synthetic {spec.task!r} generator (seed={spec.seed})", frame=frame)}
         if self.source == "local":
             raw = {"train": S.read_table(self.train_file, "train_file")}
             if self.validation_file:
@@ -128,6 +135,9 @@ class CacheBuilder:
             label_field, fields, offset = self.label_field, self.text_fields, 0
         for r in raw.values():
             P.check_columns(r, fields, label_field)
+            if self.rationale_field and self.rationale_field not in r.columns:
+                raise ValueError(f"rationale_field={self.rationale_field!r} not found in {r.origin}; columns found: "
+                                 f"{r.columns}. Set data.rationale_field to the column holding the rationales (or null).")
         t1 = time.perf_counter()
         self.timings["read"] = t1 - t0
 
@@ -137,6 +147,10 @@ class CacheBuilder:
         dropped: dict[str, int] = {}
         for s, r in raw.items():
             ds = self._texts(s, r, fields).add_column("label", ids[s].tolist())
+            if self.rationale_field:  # word indices into the first text field, checked against its words
+                first = r.frame[fields[0]].tolist() if r.frame is not None else r.dataset[fields[0]]
+                words = parse_rationales(r, self.rationale_field, P.join_text_columns([first], ""), s)
+                ds = ds.add_column("rationale_words", words)
             keep = pc.greater(pc.utf8_length(ds.data.column("text")), 0).to_numpy(zero_copy_only=False)
             n_drop = int((~keep).sum())
             if n_drop:
@@ -206,12 +220,18 @@ class CacheBuilder:
         t4 = time.perf_counter()
         self.timings["train_tokenizer"] = t4 - t3
 
-        features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
-                                      "labels": datasets.Value("int64")})
+        features = {"input_ids": datasets.Sequence(datasets.Value("int32")), "labels": datasets.Value("int64")}
         max_len = self.max_length
+        if self.rationale_field:
+            features["rationale"] = datasets.Sequence(datasets.Value("int32"))  # token positions
 
-        def encode(batch):
-            return {"input_ids": encode_ids(tok, batch["text"], max_len), "labels": batch["label"]}
+            def encode(batch):
+                ids, positions = encode_with_rationales(tok, batch["text"], batch["rationale_words"], max_len)
+                return {"input_ids": ids, "labels": batch["label"], "rationale": positions}
+        else:
+            def encode(batch):
+                return {"input_ids": encode_ids(tok, batch["text"], max_len), "labels": batch["label"]}
+        features = datasets.Features(features)
 
         tokenized = {}
         for s, ds in parts.items():
@@ -234,6 +254,9 @@ class CacheBuilder:
             "mean_length": {s: float(v.mean()) for s, v in lengths.items()},
             "truncated": {s: int((v >= max_len).sum()) for s, v in lengths.items()},
         }
+        if self.rationale_field:
+            meta["rows_with_rationale"] = {s: int(pc.sum(pc.greater(pc.list_value_length(d.data.column("rationale")), 0)).as_py() or 0)
+                                           for s, d in tokenized.items()}
         meta["checksums"] = {f.relative_to(out).as_posix(): _hash_file(f)
                              for f in sorted(out.rglob("*")) if f.is_file()}
         (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str))

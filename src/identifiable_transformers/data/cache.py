@@ -12,7 +12,8 @@ import xxhash
 
 CACHE_VERSION = 2  # the cache's layout (2: content-hashed key, checksums in meta.json)
 # The modules whose code decides what lands in the cache: a change to any of them is a new cache entry.
-_PREPARATION_CODE = ("build.py", "cache.py", "datamodule.py", "prepare.py", "registry.py", "sources.py", "tokenizer.py")
+_PREPARATION_CODE = ("build.py", "cache.py", "datamodule.py", "prepare.py", "rationales.py", "registry.py", "sources.py",
+                     "synthetic.py", "tokenizer.py")
 
 
 def _hash_file(path: Path) -> str:

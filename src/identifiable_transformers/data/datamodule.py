@@ -27,13 +27,15 @@ from .cache import (  # noqa: F401  (re-exported: tests and callers import them 
     _hash_file,
     preparation_version,
 )
+from .rationales import RationaleAccess, rationale_mask
 from .registry import KNOWN_DATASETS, get_spec
 from .samplers import EpochShuffleSampler, LengthBucketSampler
+from .synthetic import SyntheticSpec
 from .tokenizer import CLS_ID, PAD_ID, load_tokenizer, pad_batch, save_tokenizer
 
 log = logging.getLogger("identifiable_transformers.data")
 
-SOURCES = ("hub", "local", "package")
+SOURCES = ("hub", "local", "package", "synthetic")
 
 
 def _plain(x: Any) -> Any:
@@ -49,7 +51,7 @@ def _plain(x: Any) -> Any:
 
 
 
-class TextDataModule(CacheBuilder, pl.LightningDataModule):
+class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
     """Text classification data: see ``docs/_readme_data.md`` for the full description."""
 
     def __init__(
@@ -90,6 +92,8 @@ class TextDataModule(CacheBuilder, pl.LightningDataModule):
         pin_memory: bool = False,
         shuffle_seed: int = 0,
         hub_probe_timeout: float = 2.0,
+        rationale_field: str | None = None,
+        synthetic: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if source not in SOURCES:
@@ -121,6 +125,12 @@ class TextDataModule(CacheBuilder, pl.LightningDataModule):
                 "source='local' needs data.train_file=PATH (CSV/TSV/JSON/JSONL/parquet), optionally "
                 "data.validation_file / data.test_file; or data.data_dir=DIR for the classic train.csv/test.csv layout."
             )
+        if source == "synthetic" and synthetic is None:
+            raise ValueError("source='synthetic' needs the generator's settings under data.synthetic "
+                             "(e.g. data=synthetic_order).")
+        # checked here, before any data is read; the spec is also part of the cache key
+        self.synthetic = SyntheticSpec.from_config(_plain(synthetic)) if source == "synthetic" else None
+        self.rationale_field = str(rationale_field) if rationale_field else None
         for k, v in (("max_length", max_length), ("batch_size", batch_size)):
             if int(v) < (2 if k == "max_length" else 1):
                 raise ValueError(f"{k}={v} is too small (set data.{k} to a positive value, max_length >= 2).")
@@ -212,6 +222,8 @@ class TextDataModule(CacheBuilder, pl.LightningDataModule):
         elif self.source == "local":
             src = {k: self._fingerprint(getattr(self, k))
                    for k in ("train_file", "validation_file", "test_file")}
+        elif self.source == "synthetic":
+            src = self.synthetic.as_dict()
         else:
             src = {"package_subset": self.package_subset, "file": self._fingerprint(str(S.package_csv_path()))}
         tok = None
@@ -226,6 +238,7 @@ class TextDataModule(CacheBuilder, pl.LightningDataModule):
             "val_fraction": self.val_fraction, "test_fraction": self.test_fraction, "split_seed": self.split_seed,
             "limit_train_examples": self.limit_train_examples, "max_length": self.max_length,
             "vocab_size": self.vocab_size_cap, "min_frequency": self.min_frequency, "tokenizer_file": tok,
+            "rationale_field": self.rationale_field,
         }
 
     def cache_path(self) -> Path:
@@ -282,10 +295,14 @@ class TextDataModule(CacheBuilder, pl.LightningDataModule):
 
     # ------------------------------------------------------------------ batching
     def collate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        """Pad to the longest example of the batch; mask True on real tokens."""
+        """Pad to the longest example of the batch; mask True on real tokens (and, with rationales,
+        ``rationale_mask`` True on rationale tokens, padded alike)."""
         ids, mask = pad_batch([r["input_ids"] for r in rows], self.pad_id)
-        return {"input_ids": ids, "attention_mask": mask,
-                "labels": torch.tensor([int(r["labels"]) for r in rows], dtype=torch.long)}
+        batch = {"input_ids": ids, "attention_mask": mask,
+                 "labels": torch.tensor([int(r["labels"]) for r in rows], dtype=torch.long)}
+        if rows and "rationale" in rows[0]:
+            batch["rationale_mask"] = rationale_mask([r["rationale"] for r in rows], ids.shape[1])
+        return batch
 
     def _shard(self) -> tuple[int, int]:
         """(rank, world_size) of this process; the datamodule shards every split itself."""

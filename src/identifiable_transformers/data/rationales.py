@@ -102,3 +102,30 @@ def rationale_mask(rationales: Sequence[Sequence[int]], width: int) -> torch.Ten
         if len(r):
             mask[i, torch.as_tensor(list(r), dtype=torch.long)] = True
     return mask
+
+
+class RationaleAccess:
+    """The rationale side of :class:`~.datamodule.TextDataModule` (a mixin: it reads the module's settings)."""
+
+    @property
+    def has_rationales(self) -> bool:
+        """True when the examples carry rationales (``data.rationale_field``, set by every synthetic task)."""
+        if self.train_dataset is not None:
+            return "rationale" in self.train_dataset.column_names
+        return self.rationale_field is not None
+
+    def rationales(self, split: str, indices: Sequence[int]) -> list[list[int]]:
+        """The rationale token positions of the examples ``indices`` of ``split`` ("train", "validation",
+        "test"), in the order given; an empty list for an example without one. Positions index the
+        example's ``input_ids`` (0 is ``<cls>``, never in a rationale)."""
+        self._require_setup("rationales")
+        datasets = {"train": self.train_dataset, "validation": self.val_dataset, "test": self.test_dataset}
+        if split not in datasets:
+            raise ValueError(f"split={split!r} is not one of {list(datasets)}.")
+        if not self.has_rationales:
+            raise ValueError(f"[{self.name}] has no rationales: set data.rationale_field to the column that holds them.")
+        ds = datasets[split]
+        if ds is None:
+            raise ValueError(f"[{self.name}] has no {split} split.")
+        column = ds.select_columns(["rationale"])
+        return [list(column[int(i)]["rationale"]) for i in indices]

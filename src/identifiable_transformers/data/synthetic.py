@@ -63,7 +63,7 @@ class SyntheticSpec:
 
     def check(self) -> None:
         def bad(msg: str) -> ValueError:
-            return ValueError(f"data.synthetic: {msg}")
+            return ValueError(f"synthetic: {msg}")  # the CLI prefixes the node: "data: synthetic: ..."
 
         if self.task not in TASKS:
             raise bad(f"task={self.task!r} is not one of {TASKS}.")

@@ -113,3 +113,30 @@ def _evidence(text: str, label: int, task: str) -> list[int]:
 def test_bad_settings_are_refused(bad, match):
     with pytest.raises(ValueError, match=match):
         SyntheticSpec.from_config(bad)
+
+
+def _bow():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "bow_synthetic.py"
+    spec = importlib.util.spec_from_file_location("bow_synthetic", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("task, binary, lo, hi", [
+    ("presence", False, 0.97, 1.0),   # the keyword is the label
+    ("majority", False, 0.95, 1.0),   # counts decide it linearly
+    ("majority", True, 0.3, 0.6),     # presence alone does not
+    ("order", False, 0.3, 0.55),      # 2 keywords: each is first half the time
+])
+def test_a_bag_of_words_solves_what_it_should_and_only_that(tmp_path, task, binary, lo, hi):
+    from identifiable_transformers.data import TextDataModule
+
+    nk = {"presence": [1, 2], "order": [2, 2], "majority": [3, 5]}[task]
+    dm = TextDataModule.from_name(f"synthetic_{task}", cache_dir=str(tmp_path),
+                                  synthetic={"task": task, "size": 1500, "num_keywords": nk})
+    acc, chance = _bow().bow_accuracy(dm, binary=binary)
+    assert lo <= acc <= hi and 0.2 < chance < 0.35, (acc, chance)

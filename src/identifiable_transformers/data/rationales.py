@@ -73,7 +73,8 @@ def token_positions(text: str, offsets: Sequence[tuple[int, int]], special: Sequ
     tokenizer's encoding of ``text`` (already truncated)."""
     if not words:
         return []
-    spans = [m.span() for i, m in enumerate(_WORD.finditer(text)) if i in set(words)]
+    wanted = set(words)
+    spans = [m.span() for i, m in enumerate(_WORD.finditer(text)) if i in wanted]
     out = []
     for pos, ((a, b), sp) in enumerate(zip(offsets, special)):
         if sp or a == b:

@@ -98,6 +98,10 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
         super().__init__()
         if source not in SOURCES:
             raise ValueError(f"source={source!r} is not one of {SOURCES}. Set data.source accordingly.")
+        if source != "local" and name not in KNOWN_DATASETS:
+            # The hub and package sources read what conf/data/<name>.yaml says: an unknown name would train
+            # another dataset under it. Local files are the user's own, so any name labels them.
+            get_spec(name)  # raises listing the known names
         text_fields = _plain(text_fields)
         if isinstance(text_fields, str):
             text_fields = [text_fields]

@@ -41,8 +41,10 @@ from torch import Tensor
 
 _F64 = torch.float64
 _EPS = torch.finfo(_F64).eps
-# J has n^2 x 2 n d_k entries; below this many the dense path is faster (bench/bench_key_aware.py --crossover).
-DENSE_MAX_ELEMENTS = 30_000
+# "auto" takes the dense path where J (n^2 x 2 n d_k entries) has at most this many entries. Measured
+# (bench/bench_key_aware.py --crossover, and warm in one process): the structured count is as fast or faster
+# at every size down to n = 3, and a fresh process pays about 1 s to start torch.func, so "auto" never takes it.
+DENSE_MAX_ELEMENTS = 0
 # Key systems whose smaller side is at most this are ranked by a direct SVD.
 _DIRECT_SVD_MAX = 1536
 # Rows of B (n x n x d each) handled per batched SVD, to bound memory.

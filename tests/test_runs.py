@@ -7,9 +7,11 @@ import json
 
 import lightning.pytorch as pl
 import pytest
+from omegaconf import OmegaConf
 
 from identifiable_transformers.cli import UserError
 from identifiable_transformers.history import FILENAME
+from identifiable_transformers.run_checks import RunFolderCheck
 from identifiable_transformers.training import run
 
 # 2 epochs of 4 steps; last.ckpt also every 2 steps (never on an epoch's last batch)
@@ -83,3 +85,33 @@ def test_a_kill_before_an_epochs_validation_resumes_exactly(make_cfg, tmp_path, 
     assert (resumed["best_epoch"], resumed["best_val_acc"]) == (straight["best_epoch"], straight["best_val_acc"])
     assert resumed["metrics"] == straight["metrics"]
     assert _history(tmp_path / "resumed") == _history(tmp_path / "straight")
+
+
+def test_a_read_only_run_folder_is_refused_before_hydra_and_before_the_data(make_cfg, tmp_path, read_only, capsys):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    read_only(folder)
+    cfg = make_cfg()
+    with pytest.raises(UserError, match=f"the run folder {folder} is not writable .* pass a writable hydra.run.dir"):
+        run(cfg)
+    assert list(folder.iterdir()) == []
+    # train.py: Hydra's own log file and .hydra/ would fail first, with a traceback; its callback ends it cleanly
+    with pytest.raises(SystemExit) as info:
+        RunFolderCheck().on_run_start(OmegaConf.create({"hydra": {"run": {"dir": str(folder)}}, "ckpt_path": None}))
+    assert info.value.code == 1
+    assert capsys.readouterr().err.strip() == f"Error: the run folder {folder} is not writable ({folder} is " \
+        "read-only for this user): pass a writable hydra.run.dir=DIR."
+
+
+def test_a_read_only_cache_serves_a_run(make_cfg, tmp_path, cache_dir, read_only):
+    import shutil
+
+    run(make_cfg(out="first"))  # builds the entry in the session cache, if no test did yet
+    copy = tmp_path / "cache"
+    shutil.copytree(cache_dir, copy, ignore=shutil.ignore_patterns("*.lock"))
+    read_only(copy)
+    before = {str(p) for p in copy.rglob("*")}
+    cfg = make_cfg(out="second")
+    cfg.paths.cache_dir = str(copy)  # data.cache_dir follows
+    assert run(cfg)["metrics"]["test/acc"] >= 0
+    assert {str(p) for p in copy.rglob("*")} == before  # no lock file, nothing built

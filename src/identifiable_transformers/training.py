@@ -27,6 +27,7 @@ from .data.cache import writable
 from .data.sources import host_reachable
 from .data.tokenizer import tokenizer_from_str
 from .history import MetricsHistory
+from .quiet import ModelSummary, silence_known_noise
 from .run_checks import check_resume_batch_size, check_run_folder
 from .wandb_logging import log_run_end
 
@@ -170,6 +171,7 @@ def run(cfg: DictConfig) -> dict:
     check_config(cfg)  # types, unknown keys, impossible model shapes: before any data is prepared
     start = time.time()
     log_once()
+    silence_known_noise()
     check_strategy(cfg)
     output_dir = check_run_folder(cfg)  # writable, and not a finished run's unless resuming it
     ckpt_path = cfg.get("ckpt_path")
@@ -218,6 +220,9 @@ def run(cfg: DictConfig) -> dict:
         callbacks = [c for c in callbacks if not isinstance(c, pl.callbacks.ProgressBar)]
     if not loggers:
         callbacks = [c for c in callbacks if not isinstance(c, pl.callbacks.LearningRateMonitor)]
+    if cfg.trainer.get("enable_model_summary") is not False and not any(
+            isinstance(c, pl.callbacks.ModelSummary) for c in callbacks):
+        callbacks.append(ModelSummary())  # Lightning's own, less its column of zero FLOPs
     trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
     try:

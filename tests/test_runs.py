@@ -53,6 +53,18 @@ def test_a_finished_run_is_kept_reported_on_resume_and_its_history_written(make_
     assert (again["best_epoch"], again["best_val_acc"]) == (first["best_epoch"], first["best_val_acc"])
     assert _history(tmp_path / "b") == rows
 
+    # a checkpoint written before the history: val/acc_best from the model's checkpointed best
+    import torch
+
+    from identifiable_transformers.checkpoint import write_checksum
+
+    old = torch.load(last_ckpt, map_location="cpu", weights_only=True)
+    old["callbacks"] = {k: v for k, v in old["callbacks"].items() if k != "MetricsHistory"}
+    torch.save(old, tmp_path / "old.ckpt")
+    write_checksum(tmp_path / "old.ckpt")
+    older = run(make_cfg(*RUN, f"ckpt_path={tmp_path / 'old.ckpt'}", out="d"))
+    assert older["metrics"]["val/acc_best"] == first["metrics"]["val/acc_best"]
+
 
 class _Killed(Exception):
     pass

@@ -246,6 +246,10 @@ def run(cfg: DictConfig) -> dict:
         # After a resume that had nothing left to train (a finished run), callback_metrics is empty: the last
         # epoch's metrics come from the history the checkpoint carried.
         fit_metrics = {**history.final_metrics(), **_scalars(trainer.callback_metrics)}
+        if cfg.get("train") and "val/acc_best" not in fit_metrics:  # a checkpoint older than the history
+            best = float(model.val_acc_best.max_value)  # restored with the checkpoint (a persistent metric state)
+            if best > float("-inf"):
+                fit_metrics["val/acc_best"] = best
 
         test_metrics: dict[str, float] = {}
         # the one keeping the best val/acc (LastCheckpoint has no monitor)

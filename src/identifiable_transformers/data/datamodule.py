@@ -25,9 +25,8 @@ from .cache import (  # noqa: F401  (re-exported: tests and callers import them 
     _cache_problem,
     _file_fingerprint,
     _hash_file,
-    nearest_existing,
+    check_buildable,
     preparation_version,
-    writable,
 )
 from .registry import KNOWN_DATASETS, get_spec
 from .samplers import EpochShuffleSampler, LengthBucketSampler
@@ -257,17 +256,7 @@ class TextDataModule(CacheBuilder, pl.LightningDataModule):
             log.info("[%s] using cached tokenized data at %s", self.name, final)
             self._verified = final
             return
-        base = nearest_existing(final.parent)
-        if not base.is_dir():
-            raise ValueError(f"cache_dir={str(self.cache_dir)!r}: {base} is a file, not a folder. Pass a folder for "
-                             "the tokenized datasets, e.g. paths.cache_dir=~/.cache/identifiable_transformers.")
-        if not writable(base):
-            # A read-only cache is fine to read (above); building into it would fail halfway with an OSError.
-            why = "it is not built yet" if problem == "missing" else f"the cached copy is damaged: {problem}"
-            raise ValueError(
-                f"the tokenized data of {self.name!r} must be built ({why}), but the cache folder {base} is not "
-                "writable: pass a writable paths.cache_dir=DIR (or build the cache once where it is writable)."
-            )
+        check_buildable(final, self.cache_dir, self.name, problem)  # a read-only cache is only ever read (above)
         if problem != "missing":
             log.warning("[%s] the cached tokenized data at %s is damaged (%s): rebuilding it", self.name, final, problem)
         final.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ of all examples (all bins, all prefixes of an order) run as a few large forward 
 Entry points:
     explain(model, input_ids, attention_mask, explainers, seed)            -> {name: (B, T) scores}
     faithfulness_report(model, input_ids, attention_mask, labels, ...)     -> scores, metrics, per example
+    plausibility_metrics(scores, attention_mask, rationale_mask)          -> rationale_auprc / rationale_f1
     integrated_gradients(model, input_ids, attention_mask, n_steps)        -> (scores, convergence delta)
     adversarial_attention(model, input_ids, attention_mask, eps, ...)      -> (B, H) largest TV found
     uniform_attention_logits(model, input_ids, attention_mask)             -> logits under 1/n attention
@@ -19,7 +20,8 @@ Entry points:
 
 The code is split by concept: ``explainers`` (the scores), ``erasure`` (comprehensiveness, sufficiency,
 flip fraction), ``agreement`` (Kendall tau), ``uniform`` (the uniform-attention control), ``report``
-(faithfulness_report), ``adversarial`` (the search and the simplex projection), ``readout`` (how the
+(faithfulness_report), ``plausibility`` (scores against rationales), ``random_control`` (the
+per-example seeded random order), ``adversarial`` (the search and the simplex projection), ``readout`` (how the
 masked copies run) and ``_common`` (shared helpers).
 """
 
@@ -27,6 +29,8 @@ from .adversarial import adversarial_attention, project_simplex
 from .agreement import kendall_tau_b
 from .erasure import AOPC_BINS
 from .explainers import CHEAP_EXPLAINERS, EXPLAINERS, explain, integrated_gradients
+from .plausibility import PLAUSIBILITY_METRICS, plausibility_metrics
+from .random_control import RANDOM_DRAWS, random_scores
 from .report import METRICS, faithfulness_report
 from .uniform import uniform_attention_logits
 
@@ -35,11 +39,15 @@ __all__ = [
     "CHEAP_EXPLAINERS",
     "EXPLAINERS",
     "METRICS",
+    "PLAUSIBILITY_METRICS",
+    "RANDOM_DRAWS",
     "adversarial_attention",
     "explain",
     "faithfulness_report",
     "integrated_gradients",
     "kendall_tau_b",
+    "plausibility_metrics",
     "project_simplex",
+    "random_scores",
     "uniform_attention_logits",
 ]

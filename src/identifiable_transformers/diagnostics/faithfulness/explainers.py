@@ -9,6 +9,7 @@ from torch import Tensor
 
 from ..identifiability import effective_attention
 from ._common import _eval_with_grad, _finish, _inputs, _logits, _pooled_rows, _scorable
+from .random_control import random_scores
 from .readout import _masked_probs
 
 EXPLAINERS = ("attention", "effective", "norm", "rollout", "grad_input", "integrated_gradients", "loo", "random")
@@ -140,6 +141,5 @@ def explain(
         if "loo" in explainers:
             out["loo"] = _loo(model, ids, mask, pred, prob)
         if "random" in explainers:
-            g = torch.Generator().manual_seed(seed)
-            out["random"] = torch.rand(mask.shape, generator=g).to(mask.device)
+            out["random"] = random_scores(ids, mask, seed)  # draw 0 of each example's own seeded order
         return {e: _finish(out[e], mask) for e in explainers}

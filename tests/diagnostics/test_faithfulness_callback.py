@@ -79,3 +79,99 @@ def test_bad_arguments_fail_fast():
         FaithfulnessCallback(explainers=["attn"])
     with pytest.raises(ValueError, match="every_n_epochs"):
         FaithfulnessCallback(every_n_epochs=0)
+
+
+def test_rationales_reach_the_probe_and_the_plausibility_metrics(tmp_path):
+    """A data module with rationales: the probe prefers examples that have one, and every explainer gets
+    rationale_auprc / rationale_f1. Known answer: a rationale of every real token (not <cls>) gives 1 for any
+    explainer, so a mask shifted by one position (or one covering <cls> or padding) would show."""
+    import datasets
+    import lightning.pytorch as pl
+    import numpy as np
+    import torch
+    import torch.nn.functional as nnF
+    from lightning.pytorch.loggers import CSVLogger
+    from torch.utils.data import DataLoader
+
+    from identifiable_transformers.diagnostics.callback import IdentifiabilityCallback
+    from identifiable_transformers.models import TransformerClassifier
+
+    def rows(n_rows, seed):
+        rng = np.random.default_rng(seed)
+        out = []
+        for i in range(n_rows):
+            n = int(rng.integers(2, 30))
+            # every other example has a rationale: all its real tokens after <cls>
+            out.append({"input_ids": [2] + rng.integers(3, 60, n - 1).tolist(), "labels": int(rng.integers(0, 2)),
+                        "rationale": list(range(1, n)) if i % 2 == 0 else []})
+        return out
+
+    class RationaleData(pl.LightningDataModule):
+        has_rationales = True
+        tokenizer = None
+
+        def __init__(self):
+            super().__init__()
+            self.train_dataset = datasets.Dataset.from_list(rows(32, 0))
+            self.val_dataset = datasets.Dataset.from_list(rows(40, 1))
+
+        def collate(self, batch):
+            T = max(len(r["input_ids"]) for r in batch)
+            ids = torch.zeros(len(batch), T, dtype=torch.long)
+            for i, r in enumerate(batch):
+                ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
+            return {"input_ids": ids, "attention_mask": ids != 0, "labels": torch.tensor([r["labels"] for r in batch])}
+
+        def train_dataloader(self):
+            return DataLoader(list(self.train_dataset), batch_size=16, collate_fn=self.collate)
+
+        def val_dataloader(self):
+            return DataLoader(list(self.val_dataset), batch_size=16, collate_fn=self.collate)
+
+    class TinyModule(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = TransformerClassifier(60, 2, embed_dim=16, num_heads=4, key_dim=2, max_len=64)
+
+        def training_step(self, batch, batch_idx):
+            return nnF.cross_entropy(self.model(batch["input_ids"], batch["attention_mask"]).logits, batch["labels"])
+
+        def validation_step(self, batch, batch_idx):
+            pass
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    torch.manual_seed(0)
+    faith = FaithfulnessCallback(final=False, random_draws=3)
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, default_root_dir=tmp_path,
+                         callbacks=[IdentifiabilityCallback(probe_size=12, plots=False), faith],
+                         logger=CSVLogger(tmp_path, name="csv"), enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(TinyModule(), datamodule=RationaleData())
+    probe = json.loads((tmp_path / "identifiability" / "probe.json").read_text())
+    assert len(probe["indices"]) == 12 and all(i % 2 == 0 for i in probe["indices"])  # 20 have one: all chosen
+    logged = trainer.logged_metrics
+    for e in CHEAP_EXPLAINERS:
+        assert float(logged[f"val/faith/{e}/rationale_auprc"]) == 1.0, e
+        assert float(logged[f"val/faith/{e}/rationale_f1"]) == 1.0, e
+    assert "val/faith/random/comprehensiveness_std" in logged
+    ex = json.loads((tmp_path / "identifiability" / "explanations.json").read_text())
+    assert [len(r) for r in ex["rationales"]] == [n - 1 for n in ex["lengths"]]
+
+
+def test_probe_prefers_examples_with_a_rationale_and_fills_up_from_the_rest():
+    import numpy as np
+
+    from identifiable_transformers.diagnostics.callback import select_probe_indices
+
+    lengths = np.arange(100) % 30 + 2
+    preferred = np.arange(100) % 10 == 0  # 10 examples have a rationale
+    picked = select_probe_indices(lengths, 16, seed=0, preferred=preferred)
+    assert len(set(picked)) == 16 and set(np.flatnonzero(preferred)) <= set(picked)
+    assert picked == sorted(picked, key=lambda i: (lengths[i], i))
+    few = select_probe_indices(lengths, 5, seed=0, preferred=preferred)
+    assert all(preferred[i] for i in few)
+    # every example preferred (or none given): the plain draw
+    assert select_probe_indices(lengths, 16, seed=3, preferred=np.ones(100, bool)) == select_probe_indices(
+        lengths, 16, seed=3)

@@ -29,7 +29,7 @@ from .adversarial import adversarial_attention, project_simplex
 from .agreement import kendall_tau_b
 from .erasure import AOPC_BINS
 from .explainers import CHEAP_EXPLAINERS, EXPLAINERS, explain, integrated_gradients
-from .plausibility import PLAUSIBILITY_METRICS, plausibility_metrics
+from .plausibility import PLAUSIBILITY_METRICS, plausibility_metrics, rationale_mask
 from .random_control import RANDOM_DRAWS, random_scores
 from .report import METRICS, faithfulness_report
 from .uniform import uniform_attention_logits
@@ -49,5 +49,6 @@ __all__ = [
     "plausibility_metrics",
     "project_simplex",
     "random_scores",
+    "rationale_mask",
     "uniform_attention_logits",
 ]

@@ -20,6 +20,17 @@ from ._common import _order, _scorable, _top_masks
 PLAUSIBILITY_METRICS = ("rationale_auprc", "rationale_f1")
 
 
+def rationale_mask(rationales, width: int) -> Tensor:
+    """Token positions per example (list of lists, the data's ``rationale`` column) -> (B, width) bool mask."""
+    out = torch.zeros(len(rationales), width, dtype=torch.bool)
+    for b, positions in enumerate(rationales):
+        bad = [int(j) for j in positions if not 0 <= int(j) < width]
+        if bad:
+            raise ValueError(f"rationale positions {bad} of example {b} are outside its {width} tokens")
+        out[b, [int(j) for j in positions]] = True
+    return out
+
+
 def _dense_ranks(scores: Tensor, valid: Tensor) -> Tensor:
     """Per row, the dense rank of each score (equal scores share a rank; invalid positions rank lowest)."""
     s = torch.where(valid, scores.double(), torch.full_like(scores, -math.inf, dtype=torch.float64))

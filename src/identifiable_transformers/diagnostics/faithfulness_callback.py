@@ -154,7 +154,8 @@ class FaithfulnessCallback(pl.Callback):
         examples_extra: dict[str, Any] = {}
         if self.final:
             t0 = time.perf_counter()
-            extra, examples_extra = self._expensive(pl_module, probe)
+            shown = trainer.progress_bar_callback is not None  # no bar when the trainer shows none
+            extra, examples_extra = self._expensive(pl_module, probe, show_progress=shown)
             final_metrics.update(extra)
             final_metrics[f"{PREFIX}/final/compute_s"] = time.perf_counter() - t0
         self.final_metrics = final_metrics
@@ -187,19 +188,37 @@ class FaithfulnessCallback(pl.Callback):
                        ((e, s.detach().cpu()) for e, s in report["scores"].items())},
         }
 
-    def _expensive(self, pl_module: pl.LightningModule, probe: dict[str, Any]) -> tuple[dict, dict]:
-        """Integrated gradients (scores, metrics, convergence delta) and adversarial attention."""
+    def _expensive(self, pl_module: pl.LightningModule, probe: dict[str, Any], show_progress: bool = False
+                   ) -> tuple[dict, dict]:
+        """Integrated gradients (scores, metrics, convergence delta) and adversarial attention.
+
+        This takes minutes on long probes, after the training bar has closed: a progress bar shows it
+        (only when the trainer shows one): one unit for integrated gradients, one for its metrics, then
+        the adversarial search's ``steps + 2``.
+        """
+        from tqdm.auto import tqdm
+
         model, dev = pl_module.model, pl_module.device
+        k = min(self.adversarial["examples"], len(probe["lengths"]))
+        total = 2 + (self.adversarial["steps"] + 2 if k else 0)
+        with tqdm(total=total, desc="Faithfulness (end of fit)", disable=not show_progress, leave=True,
+                  dynamic_ncols=True) as bar:
+            return self._expensive_parts(model, dev, probe, bar)
+
+    def _expensive_parts(self, model, dev, probe: dict[str, Any], bar) -> tuple[dict, dict]:
         batch = probe["batch"]
         ids, mask = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
         metrics: dict[str, float | None] = {}
         examples: dict[str, Any] = {}
         lengths = [int(n) for n in probe["lengths"]]
+        bar.set_postfix_str("integrated gradients")
         ig, delta = integrated_gradients(model, ids, mask, n_steps=self.ig_steps)
+        bar.update(1)
         rationales = self._rationale_mask(probe)
         rep = faithfulness_report(model, ids, mask, explainers=["integrated_gradients"], seed=self.seed,
                                   precomputed={"integrated_gradients": ig},
                                   rationale_mask=None if rationales is None else rationales.to(dev))
+        bar.update(1)
         for k, v in rep["metrics"].items():
             metrics[f"{PREFIX}/final/{k}"] = _finite(v)
         metrics[f"{PREFIX}/final/integrated_gradients/delta_abs_max"] = float(delta.abs().max())
@@ -209,9 +228,10 @@ class FaithfulnessCallback(pl.Callback):
         if k:
             pos = sorted({int(round(q)) for q in np.linspace(0, len(lengths) - 1, k)})
             sel = torch.tensor(pos, device=dev)
+            bar.set_postfix_str("adversarial attention")
             tv = adversarial_attention(model, ids[sel], mask[sel], eps=self.adversarial["eps"],
                                        steps=self.adversarial["steps"], restarts=self.adversarial["restarts"],
-                                       seed=self.seed).cpu()  # (k, H)
+                                       seed=self.seed, progress=bar.update).cpu()  # (k, H)
             metrics[f"{PREFIX}/final/adversarial_tv"] = float(tv.mean())
             metrics[f"{PREFIX}/final/adversarial_tv_max"] = float(tv.max())
             for h in range(tv.shape[1]):

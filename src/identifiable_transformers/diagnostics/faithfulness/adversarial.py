@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +44,7 @@ def _jsd(p: Tensor, q: Tensor) -> Tensor:
 def adversarial_attention(
     model, input_ids: Tensor, attention_mask: Tensor | None = None, *, eps: float = 0.01, steps: int = 300,
     restarts: int = 4, lr: float = 0.1, seed: int = 0, scan_steps: int = 8, mixtures: int = 16,
-    return_details: bool = False,
+    return_details: bool = False, progress: Callable[[int], object] | None = None,
 ):
     """Largest TV from the real attention found at a fixed prediction, per example and head: (B, H).
 
@@ -60,8 +61,10 @@ def adversarial_attention(
     each clipped to ``lr`` per entry (decaying linearly to lr/10); last, a line search from A towards each
     final point. Only points with JSD <= eps count; A itself (TV 0) is feasible, so the result is in
     [0, 1] and a lower bound on the true maximum. ``return_details`` adds the best rows (B, H, T, T),
-    their JSD and the searched query mask.
+    their JSD and the searched query mask. ``progress(1)`` (e.g. a progress bar's ``update``) is called
+    ``steps + 2`` times: after the scans, after every ascent step and after the last line search.
     """
+    tick = progress or (lambda _n: None)
     with _eval_with_grad(model):
         ids, mask = _inputs(model, input_ids, attention_mask)
         B, T = ids.shape
@@ -137,6 +140,8 @@ def adversarial_attention(
             scan_best = torch.where(better, tv_mix, scan_best)
             scan_x = torch.where(better[:, None, None], x_mix, scan_x)
 
+        tick(1)
+
         # 2. Projected gradient ascent from `restarts` starts per (example, head).
         R = restarts
         E = B * H * R
@@ -173,11 +178,13 @@ def adversarial_attention(
             grad = grad / grad.abs().amax(-1, keepdim=True).clamp_min(1.0)  # at most lr per entry and step
             step = lr * (1.0 - 0.9 * it / max(steps, 1))
             x = torch.where(q_e[:, :, None], project_simplex(x_cur.detach() + step * grad, key), a0)
+            tick(1)
         # 3. The ascent can end just outside the constraint: search the segment from A to each final point.
         with torch.no_grad():
             for t in torch.linspace(1.0, 0.0, 17, device=dev)[:-1]:
                 x_cur = a0 + t * (x - a0)
                 keep_best(*run(x_cur, b_of, h_of), x_cur)
+        tick(1)
         tv_bh = best.view(B, H, R).amax(-1)
         if not return_details:
             return tv_bh

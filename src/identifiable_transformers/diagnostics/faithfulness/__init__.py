@@ -29,8 +29,8 @@ from .adversarial import adversarial_attention, project_simplex
 from .agreement import kendall_tau_b
 from .erasure import AOPC_BINS
 from .explainers import CHEAP_EXPLAINERS, EXPLAINERS, explain, integrated_gradients
-from .plausibility import PLAUSIBILITY_METRICS, plausibility_metrics, rationale_mask
-from .random_control import RANDOM_DRAWS, random_scores
+from .plausibility import PLAUSIBILITY_METRICS, average_precision, plausibility_metrics, rationale_mask
+from .random_control import RANDOM_DRAWS, random_draws, random_scores
 from .report import METRICS, faithfulness_report
 from .uniform import uniform_attention_logits
 
@@ -42,12 +42,14 @@ __all__ = [
     "PLAUSIBILITY_METRICS",
     "RANDOM_DRAWS",
     "adversarial_attention",
+    "average_precision",
     "explain",
     "faithfulness_report",
     "integrated_gradients",
     "kendall_tau_b",
     "plausibility_metrics",
     "project_simplex",
+    "random_draws",
     "random_scores",
     "rationale_mask",
     "uniform_attention_logits",

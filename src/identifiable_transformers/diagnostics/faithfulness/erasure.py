@@ -33,12 +33,12 @@ def _erasure_metrics(model, ids: Tensor, mask: Tensor, scores: dict[str, Tensor]
     for name, s in scores.items():
         order = _order(s, mask)
         top = _top_masks(order, counts, T) & scorable[:, None, :]  # (B, K, T)
-        comp = mask[:, None, :] & ~top  # remove the top tokens
-        suff = cls_only[:, None, :] | top  # keep only them (and <cls>)
+        suff = cls_only[:, None, :] | top  # keep only the top tokens (and <cls>)
+        # Removing the top s tokens, s = 1..n, is the flip curve; comprehensiveness reads it at s = counts.
         prefix = _top_masks(order, steps, T) & scorable[:, None, :]  # (B, T-1, T)
         flip = mask[:, None, :] & ~prefix
-        both = torch.cat([comp, suff, flip], dim=1)  # (B, 2K + T - 1, T)
-        keep = torch.cat([torch.ones(B, 2 * K, dtype=torch.bool, device=dev), step_ok], dim=1)
+        both = torch.cat([suff, flip], dim=1)  # (B, K + T - 1, T)
+        keep = torch.cat([torch.ones(B, K, dtype=torch.bool, device=dev), step_ok], dim=1)
         b, s_idx = keep.nonzero(as_tuple=True)
         rows_example.append(b)
         rows_mask.append(both[b, s_idx])
@@ -51,14 +51,15 @@ def _erasure_metrics(model, ids: Tensor, mask: Tensor, scores: dict[str, Tensor]
     for name, b, s_idx in layout:
         p = probs[start : start + len(b)]
         start += len(b)
-        grid = torch.full((B, 2 * K + T - 1, p.shape[-1]), math.nan, device=dev)
+        grid = torch.full((B, K + T - 1, p.shape[-1]), math.nan, device=dev)
         grid[b, s_idx] = p
         p_pred = grid.gather(2, pred[:, None, None].expand(-1, grid.shape[1], 1)).squeeze(-1)  # (B, S)
         has = n > 0
         nan = torch.full((B,), math.nan, device=dev)
-        out[f"{name}/comprehensiveness"] = torch.where(has, (prob[:, None] - p_pred[:, :K]).mean(1), nan)
-        out[f"{name}/sufficiency"] = torch.where(has, (prob[:, None] - p_pred[:, K : 2 * K]).mean(1), nan)
-        flipped = (grid[:, 2 * K :].argmax(-1) != pred[:, None]) & step_ok  # (B, T-1)
+        removed = p_pred[:, K:].gather(1, (counts - 1).clamp_min(0))  # (B, K): without the top counts tokens
+        out[f"{name}/comprehensiveness"] = torch.where(has, (prob[:, None] - removed).mean(1), nan)
+        out[f"{name}/sufficiency"] = torch.where(has, (prob[:, None] - p_pred[:, :K]).mean(1), nan)
+        flipped = (grid[:, K:].argmax(-1) != pred[:, None]) & step_ok  # (B, T-1)
         first = torch.where(flipped.any(1), flipped.float().argmax(1) + 1, n).float()
         out[f"{name}/flip_frac"] = torch.where(has, first / n.clamp_min(1), nan)
     return out

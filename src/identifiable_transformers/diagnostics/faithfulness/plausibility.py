@@ -2,7 +2,7 @@
 
 Per example, over its scorable tokens (real, not <cls>), against ``rationale_mask`` (B, T) bool:
   rationale_auprc  area under the precision-recall curve of the scores (average precision, ties grouped
-                   as in sklearn's average_precision_score), torchmetrics;
+                   as in torchmetrics and sklearn; batched here, checked against torchmetrics in the tests);
   rationale_f1     token F1 of the top-k tokens of the explainer's order, k = the rationale's size.
 Examples whose rationale has no scorable token get NaN (left out of the means).
 """
@@ -13,7 +13,7 @@ import math
 
 import torch
 from torch import Tensor
-from torchmetrics.functional.classification import binary_f1_score, multilabel_average_precision
+from torchmetrics.functional.classification import binary_f1_score
 
 from ._common import _order, _scorable, _top_masks
 
@@ -31,46 +31,42 @@ def rationale_mask(rationales, width: int) -> Tensor:
     return out
 
 
-def _dense_ranks(scores: Tensor, valid: Tensor) -> Tensor:
-    """Per row, the dense rank of each score (equal scores share a rank; invalid positions rank lowest)."""
+def average_precision(scores: Tensor, target: Tensor, valid: Tensor) -> Tensor:
+    """Average precision of each row's scores against ``target`` over its ``valid`` positions: (R, T) -> (R,).
+
+    The step-wise area under the precision-recall curve, sum over thresholds of (R_k - R_{k-1}) P_k, with
+    equal scores entering together: what torchmetrics' ``binary_average_precision`` (and sklearn's
+    ``average_precision_score``) computes for one row. torchmetrics has no batched per-row form (its
+    multilabel form loops over rows or bins all thresholds), and the per-epoch pass scores
+    explainers x draws x probes rows, so this is the same formula on sorted rows; the tests check it
+    against torchmetrics row by row. Rows without a positive give NaN.
+    """
     s = torch.where(valid, scores.double(), torch.full_like(scores, -math.inf, dtype=torch.float64))
-    sorted_s, idx = torch.sort(s, dim=1)
-    new = torch.ones_like(sorted_s, dtype=torch.long)
-    new[:, 1:] = (sorted_s[:, 1:] != sorted_s[:, :-1]).long()
-    ranks = torch.empty_like(idx)
-    ranks.scatter_(1, idx, new.cumsum(1) - 1)
-    return ranks
+    s, idx = torch.sort(s, dim=1, descending=True)
+    pos = (target & valid).gather(1, idx).double()
+    ok = valid.gather(1, idx)
+    tp, seen = pos.cumsum(1), ok.double().cumsum(1)
+    # A threshold is the end of a run of equal scores: precision and recall are read there.
+    end = ok & torch.cat([s[:, 1:] != s[:, :-1], torch.ones_like(ok[:, :1])], 1)
+    tp_end = torch.where(end, tp, torch.zeros_like(tp))
+    prev = torch.cat([torch.zeros_like(tp[:, :1]), tp_end[:, :-1].cummax(1).values], 1)  # tp at the last threshold
+    k = pos.sum(1)
+    ap = (torch.where(end, (tp - prev) * tp / seen.clamp_min(1), torch.zeros_like(tp))).sum(1) / k.clamp_min(1)
+    return torch.where(k > 0, ap, torch.full_like(ap, math.nan)).float()
 
 
 def plausibility_metrics(scores: dict[str, Tensor], mask: Tensor, rationale_mask: Tensor) -> dict[str, Tensor]:
     """{"name/rationale_auprc": (B,), "name/rationale_f1": (B,)} for each explainer's (B, T) scores."""
-    B, T = mask.shape
+    T = mask.shape[1]
     scorable = _scorable(mask)
     target = rationale_mask.to(mask.device).bool() & scorable
     k = target.sum(1)  # (B,) rationale size
-    has = k > 0
-    nan = torch.full((B,), math.nan)
+    nan = torch.full(k.shape, math.nan, device=mask.device)
+    labels = torch.where(scorable, target.long(), -1)  # -1: not scored (<cls>, padding)
     out: dict[str, Tensor] = {}
-    if not scores:
-        return out
-    names = list(scores)
-    # Average precision depends only on each example's order of scores (with ties). Mapping every score to
-    # its dense rank on a grid of T values lets one exact, vectorised torchmetrics call (those T values as
-    # its thresholds) score all examples of all explainers at once: one "label" per (explainer, example).
-    grid = torch.linspace(0.0, 1.0, T)
-    preds = torch.cat([grid[_dense_ranks(scores[e].cpu(), scorable.cpu())][has.cpu()] for e in names])  # (E b, T)
-    labels = torch.where(scorable, target.long(), torch.full_like(target, -1, dtype=torch.long)).cpu()[has.cpu()]
-    labels = labels.repeat(len(names), 1)  # (E b, T); -1 = not scored
-    if len(labels):
-        ap = multilabel_average_precision(preds.T, labels.T, num_labels=len(labels), average="none",
-                                          thresholds=grid, ignore_index=-1, validate_args=False).view(len(names), -1)
-    for i, e in enumerate(names):
-        auprc = nan.clone()
-        if len(labels):
-            auprc[has.cpu()] = ap[i].float()
-        top = _top_masks(_order(scores[e], mask), k[:, None], T)[:, 0] & scorable  # (B, T): top-k tokens
-        f1 = binary_f1_score(top.long(), torch.where(scorable, target.long(), -1), multidim_average="samplewise",
-                             ignore_index=-1, validate_args=False).float().cpu()
-        out[f"{e}/rationale_auprc"] = auprc.to(mask.device)
-        out[f"{e}/rationale_f1"] = torch.where(has.cpu(), f1, nan).to(mask.device)
+    for e, s in scores.items():
+        top = _top_masks(_order(s, mask), k[:, None], T)[:, 0] & scorable  # (B, T): the top-k tokens
+        f1 = binary_f1_score(top.long(), labels, multidim_average="samplewise", ignore_index=-1, validate_args=False)
+        out[f"{e}/rationale_auprc"] = average_precision(s, target, scorable)
+        out[f"{e}/rationale_f1"] = torch.where(k > 0, f1.float(), nan)
     return out

@@ -12,7 +12,8 @@ from .agreement import kendall_tau_b
 from .erasure import _erasure_metrics
 from .explainers import CHEAP_EXPLAINERS, explain
 from .plausibility import PLAUSIBILITY_METRICS, plausibility_metrics
-from .random_control import RANDOM_DRAWS, random_scores
+from .random_control import RANDOM_DRAWS
+from .random_control import random_draws as _random_draws
 from .uniform import uniform_attention_logits
 
 METRICS = ("comprehensiveness", "sufficiency", "tau_loo", "flip_frac")
@@ -48,7 +49,7 @@ def faithfulness_report(
         wanted = [e for e in dict.fromkeys([*explainers, "loo"]) if e not in scores]
         scores.update(explain(model, ids, mask, wanted, seed=seed, ig_steps=ig_steps))
         # The further random draws are scored like explainers of their own, then averaged into "random".
-        extra = {f"random#{d}": random_scores(ids, mask, seed, d) for d in range(1, draws)}
+        extra = {f"random#{d}": s for d, s in enumerate(_random_draws(ids, mask, seed, draws)) if d > 0}
         scored = {**{e: scores[e] for e in explainers}, **extra}
         per_example = _erasure_metrics(model, ids, mask, scored, pred, prob)
         scorable = _scorable(mask)

@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig
 
-from identifiable_transformers.cli import exit_on_user_error
+from identifiable_transformers.cli import ensure_output_dir, exit_on_user_error
 
 os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
 log = logging.getLogger("analyze")
@@ -46,35 +46,13 @@ def _texts_from_cfg(cfg: DictConfig) -> list[str] | None:
     return [str(t) for t in texts]
 
 
-def data_module_from_checkpoint(data_cfg: dict, cache_dir: str):
-    """The checkpoint's data settings as plain values, through TextDataModule's own constructor.
-
-    A checkpoint is someone else's file: its ``_target_`` is never instantiated (it could name any
-    importable function), and its ``cache_dir`` (the training machine's) is replaced by this run's.
-    """
-    import inspect
-
-    from identifiable_transformers.data import TextDataModule
-
-    allowed = set(inspect.signature(TextDataModule).parameters)
-    values = OmegaConf.to_container(OmegaConf.create(data_cfg), resolve=False)  # plain values only
-    target = str(values.pop("_target_", "identifiable_transformers.data.TextDataModule"))
-    if target.rsplit(".", 1)[-1] != "TextDataModule" or not target.startswith("identifiable_transformers.data"):
-        raise ValueError(f"the checkpoint's data_cfg names _target_={target!r}, not TextDataModule; it is never "
-                         "run. Use text=... or texts_file=... instead.")
-    unknown = sorted(set(values) - allowed)
-    if unknown:
-        raise ValueError(f"the checkpoint's data_cfg has keys {unknown} that TextDataModule does not take: "
-                         "use text=... or texts_file=... instead")
-    return TextDataModule(**{**values, "cache_dir": cache_dir})
-
-
 def _split_batch(cfg: DictConfig, module):
     """Rebuild the datamodule from the checkpoint's data settings and draw stratified examples.
 
     Returns (batch, indices, rationales): rationales (token positions per example) when the split has
     them, examples with one preferred, else None.
     """
+    from identifiable_transformers.checkpoint import data_module_from_checkpoint
     from identifiable_transformers.diagnostics.callback import select_probe_indices
 
     if cfg.split not in _SPLITS:
@@ -82,7 +60,9 @@ def _split_batch(cfg: DictConfig, module):
     data_cfg = module.hparams.get("data_cfg")
     if not data_cfg:
         raise ValueError("this checkpoint has no data_cfg in its hparams: use text=... or texts_file=... instead")
-    dm = data_module_from_checkpoint(data_cfg, str(cfg.paths.cache_dir))
+    # the checkpoint's data settings as plain values (its _target_ never runs), with this machine's cache
+    dm = data_module_from_checkpoint(data_cfg, str(cfg.paths.cache_dir),
+                                     what=f"ckpt_path={cfg.ckpt_path}", fix=" Use text=... or texts_file=... instead.")
     dm.prepare_data()
     dm.setup("fit" if cfg.split != "test" else "test")
     if module.tokenizer is not None and dm.tokenizer.to_str() != module.tokenizer.to_str():
@@ -110,6 +90,8 @@ def main(cfg: DictConfig) -> str:
         raise FileNotFoundError(f"ckpt_path={str(cfg.ckpt_path)!r} is not a file: pass a checkpoint written by train.py "
                                 "(e.g. logs/train/runs/<time>/checkpoints/last.ckpt)")
     texts = _texts_from_cfg(cfg)
+    if cfg.get("output_dir"):  # before any work: a file in the way would fail only once the report is drawn
+        ensure_output_dir(cfg.output_dir, "output_dir")
     module = TextClassifier.load_from_checkpoint(str(ckpt), map_location="cpu")
     model = module.model.eval()
     tokenizer = module.tokenizer

@@ -39,9 +39,9 @@ def test_report_aggregates_mean_and_std_per_configuration(tmp_path):
     assert (tmp_path / "out" / "test_acc_vs_key_dim.png").stat().st_size > 0
 
 
-def test_report_on_empty_directory_names_the_problem(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no metrics.json"):
-        main([str(tmp_path)])
+def test_report_on_empty_directory_names_the_problem(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 1
+    assert capsys.readouterr().err == f"Error: no metrics.json under {tmp_path}: pass the directory of a finished sweep\n"
 
 
 def _entropy(p):
@@ -146,3 +146,36 @@ def test_key_aware_counts_match_the_library_and_are_tabulated(tmp_path):
     row = next(line for line in (tmp_path / "out" / "key_aware.md").read_text().splitlines() if "| concat |" in line)
     assert f"{statistics.mean([4, 8]):.1f} ± {statistics.stdev([4, 8]):.1f}" in row
     assert "60.0 ± 0.0" in row and row.rstrip(" |").endswith("2")
+
+
+def test_key_aware_table_is_per_example_length(tmp_path):
+    """Two seeds of one configuration, each with a probe example of length 12 and one of length 20: every
+    row averages the seeds' head means at its own length, never over both lengths."""
+    from identifiable_transformers.report import GROUP, key_aware_table
+
+    config = {"data": "rt_offline", "head_combine": "concat", "embed_dim": 8, "num_heads": 2, "key_dim": 4,
+              "value_dim": 4}
+    counts = {  # seed -> per example (n = 12, n = 20): [layer][head] counts
+        1: {"alternative_dim": [[[2, 4]], [[10, 12]]], "key_agnostic_dim": [[[0, 0]], [[40, 40]]],
+            "tangent_dim": [[[1, 1]], [[3, 3]]]},
+        2: {"alternative_dim": [[[6, 6]], [[20, 22]]], "key_agnostic_dim": [[[0, 2]], [[44, 44]]],
+            "tangent_dim": [[[1, 1]], [[5, 5]]]},
+    }
+    rows = []
+    for seed, ka in counts.items():
+        d = tmp_path / str(seed) / "identifiability"
+        d.mkdir(parents=True)
+        # the 20-token example first: rows follow the lengths, not the order of the examples
+        (d / "key_aware.json").write_text(json.dumps({"lengths": [20, 12], **{k: v[::-1] for k, v in ka.items()}}))
+        rows.append({**config, "seed": seed, "run": str(seed), "_dir": str(d.parent)})
+    table = key_aware_table(pd.DataFrame(rows)).set_index("n")
+    assert list(table.index) == [12, 20] and list(table["runs"]) == [2, 2]
+    assert table[GROUP].to_dict("records") == [config, config]
+    expected = {  # per seed: the mean over layers and heads at that length
+        (12, "alternative_dim"): [3, 6], (20, "alternative_dim"): [11, 21],
+        (12, "key_agnostic_dim"): [0, 1], (20, "key_agnostic_dim"): [40, 44],
+        (12, "tangent_dim"): [1, 1], (20, "tangent_dim"): [3, 5],
+    }
+    for (n, key), per_seed in expected.items():
+        assert table.loc[n, f"{key}_mean"] == pytest.approx(statistics.mean(per_seed)), (n, key)
+        assert table.loc[n, f"{key}_std"] == pytest.approx(statistics.stdev(per_seed)), (n, key)

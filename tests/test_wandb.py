@@ -144,6 +144,8 @@ def test_offline_run_has_epoch_axis_summaries_tables_group_overrides_and_files(m
     assert [h["epoch"] for h in val_rows] == [0, 1]
     assert rec.summary["val/acc"] == {"max": max(h["val/acc"] for h in val_rows)}
     assert rec.summary["val/loss"] == {"min": min(h["val/loss"] for h in val_rows)}
+    for key in ("val/f1", "train/f1"):  # the best epoch's macro-F1, not the last one's
+        assert rec.summary[key] == {"max": max(h[key] for h in rec.history if key in h)}, key
     assert rec.summary["best_val_acc"] == pytest.approx(result["best_val_acc"])
 
     # the per-head table, and images drawn in place, share their epoch's row; images drawn in the plot

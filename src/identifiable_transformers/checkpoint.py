@@ -13,11 +13,15 @@
 * Both write ``<file>.sha256`` (``sha256sum -c`` format) beside every checkpoint;
   :func:`read_checkpoint` checks it and turns a damaged, truncated or foreign file into a
   one-line :class:`CheckpointError` naming the path and what is wrong.
+* :func:`data_module_from_checkpoint` rebuilds a run's ``TextDataModule`` from the data settings a
+  checkpoint holds, as plain keyword arguments: a checkpoint is someone else's file, and its
+  ``_target_`` is never instantiated (analyze.py ``split=...`` and the sweep report use it).
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import io
 import os
 import pickle
@@ -111,6 +115,11 @@ def read_checkpoint(path: str | os.PathLike, what: str = "checkpoint") -> tuple[
     return ckpt, data
 
 
+def _some(names: list[str], shown: int = 4) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def check_compatible(ckpt: dict[str, Any], module: torch.nn.Module, path: str | os.PathLike,
                      what: str = "checkpoint") -> None:
     """A :class:`CheckpointError` listing the differing hyper-parameters and tensor shapes when the
@@ -129,10 +138,66 @@ def check_compatible(ckpt: dict[str, Any], module: torch.nn.Module, path: str | 
     parts = [f"hyper-parameters (checkpoint vs this run): {hp}"] if hp else []
     if shapes:
         parts.append("shapes (checkpoint vs this run): " + ", ".join(f"{k} {a} vs {b}" for k, (a, b) in list(shapes.items())[:5]))
-    if missing or unexpected:
-        parts.append(f"{len(missing)} weight(s) missing, {len(unexpected)} unexpected (e.g. {(missing or unexpected)[:3]})")
+    # Both lists are named: a deeper checkpoint has only unexpected weights (model.layers.1.*), a
+    # shallower one only missing ones; Lightning's strict load would fail on either with a raw error.
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected weight(s), in the checkpoint but not in this model: {_some(unexpected)}")
+    if missing:
+        parts.append(f"{len(missing)} missing weight(s), in this model but not in the checkpoint: {_some(missing)}")
     raise CheckpointError(f"{what} {str(path)!r} holds a model of another size or kind; " + "; ".join(parts)
                           + ". Pass the model settings it was trained with.")
+
+
+# The one class a checkpoint's data_cfg may name, compared whole: a prefix test would let
+# ``identifiable_transformers.data_evil.X`` through.
+DATA_MODULE_TARGETS = ("identifiable_transformers.data.TextDataModule",
+                       "identifiable_transformers.data.datamodule.TextDataModule")
+
+
+def _plain(value: Any) -> bool:
+    """True for None, bool, int, float, str and lists/dicts of them (no tensors, no nested ``_target_``)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and k != "_target_" and _plain(v) for k, v in value.items())
+    return False
+
+
+def data_module_kwargs(data_cfg: Any, what: str = "checkpoint", fix: str = "") -> dict[str, Any]:
+    """The keyword arguments of ``TextDataModule`` that ``data_cfg`` (a checkpoint's saved data settings)
+    holds, checked: its ``_target_`` is exactly ``TextDataModule`` (or absent), every key is a
+    ``TextDataModule`` argument and every value a plain one. Anything else is a :class:`CheckpointError`;
+    nothing in ``data_cfg`` is imported, called or resolved. ``what`` names the checkpoint in the
+    message, ``fix`` (a sentence) ends it."""
+    from .data import TextDataModule
+
+    if not isinstance(data_cfg, dict):
+        raise CheckpointError(f"{what}: its data_cfg is a {type(data_cfg).__name__}, not a mapping of data "
+                              f"settings.{fix}")
+    values = dict(data_cfg)
+    target = values.pop("_target_", DATA_MODULE_TARGETS[0])
+    if target not in DATA_MODULE_TARGETS:
+        raise CheckpointError(f"{what}: its data_cfg names _target_={target!r}, not {DATA_MODULE_TARGETS[0]}: refused "
+                              f"(a checkpoint's _target_ is never run).{fix}")
+    allowed = set(inspect.signature(TextDataModule).parameters)
+    unknown = sorted(str(k) for k in values if k not in allowed)
+    if unknown:
+        raise CheckpointError(f"{what}: its data_cfg has keys {unknown} that TextDataModule does not take: refused.{fix}")
+    odd = sorted(k for k, v in values.items() if not _plain(v))
+    if odd:
+        raise CheckpointError(f"{what}: its data_cfg has values for {odd} that are not plain settings (str, number, bool, "
+                              f"null, or lists/mappings of them; no nested _target_): refused.{fix}")
+    return values
+
+
+def data_module_from_checkpoint(data_cfg: Any, cache_dir: str, what: str = "checkpoint", fix: str = ""):
+    """``TextDataModule(**data_module_kwargs(data_cfg))`` with this machine's ``cache_dir`` (the
+    checkpoint's is the training machine's)."""
+    from .data import TextDataModule
+
+    return TextDataModule(**{**data_module_kwargs(data_cfg, what, fix), "cache_dir": str(cache_dir)})
 
 
 class LastCheckpoint(Checkpoint):  # a Checkpoint, so Lightning runs it after the other callbacks

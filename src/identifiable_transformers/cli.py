@@ -99,3 +99,18 @@ def exit_on_user_error(main: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(1)
 
     return wrapper
+
+
+def ensure_output_dir(path: str | os.PathLike, what: str) -> Path:
+    """Create the output folder ``path`` (``what`` names the option); a file in its way, or a folder that
+    cannot be created or written, is a :class:`UserError` raised before any work starts."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise UserError(f"{what}={path} is a file, not a folder: pass a folder (it is created if missing)")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a parent is a file, or not writable
+        raise UserError(f"{what}={path} cannot be created ({e.strerror}): pass a folder you can write to") from None
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise UserError(f"{what}={path} is not writable: pass a folder you can write to")
+    return p

@@ -36,6 +36,25 @@ def test_a_file_edited_in_place_with_its_size_and_mtime_kept_is_a_new_cache_entr
     assert new.tokenizer.token_to_id("gaol") is not None  # trained on the edited file, not the stale cache
 
 
+@pytest.mark.parametrize("edited", ["validation_file", "test_file"])
+def test_an_edited_validation_or_test_file_serves_its_new_labels(tmp_path, make_rows, write_rows, edited):
+    files = {k: write_rows(tmp_path / f"{k}.csv", make_rows(10, seed=i))
+             for i, k in enumerate(("train_file", "validation_file", "test_file"))}
+    args = {k: str(v) for k, v in files.items()}
+
+    def labels(dm):
+        ds = dm.val_dataset if edited == "validation_file" else dm.test_dataset
+        return sorted(ds["labels"])
+
+    old = _ready(_dm(files["train_file"], tmp_path / "c", **args))
+    assert labels(old) == [0] * 10 + [1] * 10 + [2] * 10
+    rows = make_rows(10, seed=1 if edited == "validation_file" else 2)
+    write_rows(files[edited], [dict(r, label="sports") for r in rows])  # every row relabelled class 0
+    new = _ready(_dm(files["train_file"], tmp_path / "c", **args))
+    assert new.cache_path() != old.cache_path()
+    assert labels(new) == [0] * 30
+
+
 def test_changed_preparation_code_is_a_new_cache_entry(tmp_path, make_rows, write_rows, monkeypatch):
     f = write_rows(tmp_path / "t.csv", make_rows(10))
     before = _dm(f, tmp_path / "c").cache_path()

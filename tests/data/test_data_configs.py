@@ -12,7 +12,7 @@ REQUIRED = {"_target_", "name", "source", "hub_id", "hub_config", "package_subse
             "validation_file", "test_file", "text_fields", "text_separator", "label_field", "label_names",
             "num_classes", "splits", "val_fraction", "test_fraction", "split_seed", "max_length", "vocab_size",
             "min_frequency", "batch_size", "eval_batch_size", "num_workers", "length_bucketing", "cache_dir",
-            "limit_train_examples"}
+            "limit_train_examples", "rationale_field", "synthetic"}
 
 
 def test_one_config_per_known_dataset():
@@ -60,6 +60,9 @@ EXPECTED = {
               "topic", 10, (None, "test"), 256),
     "yelp_full": ("hub", "Yelp/yelp_review_full", ["text"], "label", 5, (None, "test"), 256),
     "yelp_polarity": ("hub", "fancyzhx/yelp_polarity", ["text"], "label", 2, (None, "test"), 256),
+    "synthetic_majority": ("synthetic", None, ["text"], "label", None, (None, None), 32),
+    "synthetic_order": ("synthetic", None, ["text"], "label", None, (None, None), 32),
+    "synthetic_presence": ("synthetic", None, ["text"], "label", None, (None, None), 32),
 }
 
 
@@ -73,3 +76,7 @@ def test_composed_config_has_the_documented_values(name):
     assert got == EXPECTED[name]
     assert cfg["splits"]["train"] == "train" and cfg["val_fraction"] == 0.1 and cfg["batch_size"] == 64
     assert cfg["package_subset"] == {"rt_offline": "rotten_tomatoes", "imdb_offline": "imdb"}.get(name)
+    # the synthetic tasks carry their rationales; no other dataset has one unless the user names its column
+    assert cfg["rationale_field"] == ("rationale" if name.startswith("synthetic_") else None)
+    if name.startswith("synthetic_"):
+        assert cfg["synthetic"]["task"] == name.removeprefix("synthetic_")

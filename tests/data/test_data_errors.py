@@ -98,6 +98,51 @@ def test_nan_label_names_the_row(local_dm, make_rows, tmp_path):
         local_dm(rows, fmt="jsonl", cache_dir=str(tmp_path / "c2")).prepare_data()
 
 
+@pytest.mark.parametrize("cell", ["NaN", "nan", "NA", "null"])
+def test_a_label_cell_spelling_a_missing_value_is_an_error_naming_the_line(local_dm, make_rows, cell):
+    rows = make_rows(10)
+    rows[4]["label"] = cell  # written as the plain CSV cell NaN, read as the string "NaN"
+    with pytest.raises(ValueError) as ei:
+        local_dm(rows).prepare_data()
+    msg = str(ei.value)
+    assert f"label {cell!r}" in msg and "missing value" in msg and "line 6" in msg and "train.csv" in msg
+    assert "data.label_names" in msg  # the fix when it really is a class name
+
+
+def test_a_missing_value_spelling_listed_in_label_names_is_a_class(local_dm, make_rows):
+    rows = [dict(r, label={"sports": "none", "tech": "tech", "world": "world"}[r["label"]]) for r in make_rows(10)]
+    dm = _prep(local_dm(rows, label_names=["none", "tech", "world"]))
+    assert dm.label_names == ["none", "tech", "world"]
+    ids = list(dm.train_dataset["labels"]) + list(dm.val_dataset["labels"]) + list(dm.test_dataset["labels"])
+    assert ids.count(0) == 10
+
+
+def test_a_header_row_repeated_mid_file_is_an_error_naming_the_line(local_dm, make_rows, tmp_path):
+    rows = make_rows(10)
+    rows.insert(12, {"text": "text", "label": "label"})  # two files concatenated with their headers
+    with pytest.raises(ValueError) as ei:
+        local_dm(rows).prepare_data()
+    msg = str(ei.value)
+    assert "repeats the header row" in msg and "data row 12" in msg and "line 14" in msg and "Remove that line" in msg
+    rows = [dict(text=r["text"], y=r["label"]) for r in make_rows(10)]
+    rows.insert(3, {"text": "text", "y": "y"})
+    with pytest.raises(ValueError, match=r"line 5\).*repeats the header row"):
+        local_dm(rows, label_field="y", cache_dir=str(tmp_path / "c2")).prepare_data()
+
+
+@pytest.mark.parametrize("source", ["package", "hub"])
+def test_an_unknown_name_with_a_named_source_is_an_error_listing_the_known_names(source):
+    # data=rt_offline data.name=foo used to train rt_offline under the name foo
+    with pytest.raises(ValueError) as ei:
+        TextDataModule(name="foo", source=source, package_subset="rotten_tomatoes", hub_id="fancyzhx/ag_news")
+    msg = str(ei.value)
+    assert "name='foo'" in msg and "rt_offline" in msg and "agnews" in msg and "conf/data/<name>.yaml" in msg
+
+
+def test_local_files_take_any_name(local_dm):
+    assert local_dm(name="my_reviews").name == "my_reviews"
+
+
 def test_unknown_string_label_with_label_names(local_dm, make_rows):
     rows = make_rows(10)
     rows[2]["label"] = "cooking"

@@ -227,9 +227,12 @@ def test_analyze_split_with_rationales_passes_them_on(monkeypatch):
                 ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
             return {"input_ids": ids, "attention_mask": ids != 0}
 
-    monkeypatch.setattr(analyze, "data_module_from_checkpoint", lambda data_cfg, cache_dir: FakeData())
+    from identifiable_transformers import checkpoint
+
+    monkeypatch.setattr(checkpoint, "data_module_from_checkpoint", lambda data_cfg, cache_dir, **kw: FakeData())
     module = SimpleNamespace(hparams={"data_cfg": {"name": "x"}}, tokenizer=tok, model=SimpleNamespace(max_len=64))
-    cfg = OmegaConf.create({"split": "validation", "num_examples": 4, "seed": 0, "paths": {"cache_dir": "unused"}})
+    cfg = OmegaConf.create({"split": "validation", "num_examples": 4, "seed": 0, "ckpt_path": "unused.ckpt",
+                            "paths": {"cache_dir": "unused"}})
     batch, idx, rationales = analyze._split_batch(cfg, module)
     assert len(idx) == 4 and all(i % 3 == 0 for i in idx)  # the examples with a rationale are preferred
     assert rationales == [[1, 2]] * 4 and batch["input_ids"].shape[0] == 4

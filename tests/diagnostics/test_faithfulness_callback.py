@@ -190,3 +190,18 @@ def test_end_of_fit_stage_shows_a_progress_bar_only_when_the_trainer_does(tmp_pa
     if progress_bar:  # 2 units for integrated gradients, steps + 2 for the adversarial search: 7 in all
         assert "7/7" in err
     assert "val/faith/final/adversarial_tv" in trainer.callback_metrics
+
+
+def test_a_synthetic_task_logs_plausibility_for_every_explainer(make_cfg, tmp_path):
+    """Through train.run on data with rationales (synthetic_order): every explainer's rationale_auprc and
+    rationale_f1 reach metrics.json, every probe example has a rationale, and explanations.json keeps them."""
+    from identifiable_transformers.diagnostics.faithfulness import PLAUSIBILITY_METRICS
+
+    m = run(make_cfg("data=synthetic_order", "data.max_length=32", "test=false"))["metrics"]
+    for e in CHEAP_EXPLAINERS:
+        for metric in PLAUSIBILITY_METRICS:
+            assert 0.0 <= m[f"val/faith/{e}/{metric}"] <= 1.0, (e, metric)
+    assert 0.0 <= m["val/faith/final/integrated_gradients/rationale_auprc"] <= 1.0
+    assert m["val/faith/random/rationale_auprc_std"] >= 0.0
+    ex = json.loads((tmp_path / "run" / "identifiability" / "explanations.json").read_text())
+    assert ex["rationales"] and all(0 < min(r) and max(r) < n for r, n in zip(ex["rationales"], ex["lengths"]))

@@ -2,45 +2,40 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
-import time
 import uuid
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
-import xxhash
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 
-from . import prepare as P
 from . import sources as S
-from .registry import KNOWN_DATASETS, get_spec
-from .tokenizer import (
-    CLS_ID,
-    PAD_ID,
-    encode_ids,
-    load_tokenizer,
-    pad_batch,
-    save_tokenizer,
-    tokenizer_from_str,
-    train_tokenizer,
+from .build import SPLITS as _SPLITS
+from .build import CacheBuilder
+from .cache import (  # noqa: F401  (re-exported: tests and callers import them from here)
+    _PREPARATION_CODE,
+    CACHE_VERSION,
+    _cache_problem,
+    _file_fingerprint,
+    _hash_file,
+    preparation_version,
 )
+from .rationales import RationaleAccess, rationale_mask
+from .registry import KNOWN_DATASETS, get_spec
+from .samplers import EpochShuffleSampler, LengthBucketSampler
+from .synthetic import SyntheticSpec
+from .tokenizer import CLS_ID, PAD_ID, load_tokenizer, pad_batch, save_tokenizer
 
 log = logging.getLogger("identifiable_transformers.data")
 
-CACHE_VERSION = 2  # the cache's layout (2: content-hashed key, checksums in meta.json)
-# The modules whose code decides what lands in the cache: a change to any of them is a new cache entry.
-_PREPARATION_CODE = ("datamodule.py", "prepare.py", "registry.py", "sources.py", "tokenizer.py")
-SOURCES = ("hub", "local", "package")
-_SPLITS = ("train", "validation", "test")
+SOURCES = ("hub", "local", "package", "synthetic")
 
 
 def _plain(x: Any) -> Any:
@@ -55,134 +50,8 @@ def _plain(x: Any) -> Any:
     return x
 
 
-def _hash_file(path: Path) -> str:
-    """xxh3-128 of the file's bytes, streamed (several GB/s)."""
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
-
-@functools.cache
-def preparation_version() -> str:
-    """A hash of the preparation code and the ``tokenizers`` version it runs with."""
-    import tokenizers
-
-    h = xxhash.xxh3_128(tokenizers.__version__.encode())
-    for name in _PREPARATION_CODE:
-        h.update((Path(__file__).parent / name).read_bytes())
-    return h.hexdigest()
-
-
-def _file_fingerprint(p: str | None) -> Any:
-    """What a data file contributes to the cache key: its content, not its path or mtime."""
-    if not p:
-        return None
-    q = Path(os.path.expanduser(str(p)))
-    if not q.is_file():
-        return [str(q), None]  # reading it fails later with a clear message
-    return [q.stat().st_size, _hash_file(q)]
-
-
-def _cache_problem(root: Path) -> str | None:
-    """Why the cache entry ``root`` cannot be used (None: complete and intact)."""
-    if not root.is_dir():
-        return "missing"
-    try:
-        checksums = json.loads((root / "meta.json").read_text())["checksums"]
-    except FileNotFoundError:
-        return "meta.json is missing"
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        return "meta.json is unreadable or has no checksums"
-    for rel, digest in checksums.items():
-        f = root / rel
-        if not f.is_file():
-            return f"{rel} is missing"
-        if _hash_file(f) != digest:
-            return f"{rel} does not match its checksum"
-    return None
-
-
-class EpochShuffleSampler(Sampler[int]):
-    """This rank's share of an order drawn from ``(seed, epoch)`` alone.
-
-    The order depends on nothing else, so a resumed run replays the batches an uninterrupted run
-    would have seen: :meth:`resume_at` starts the next iteration part-way into an epoch. Under
-    distributed training each of ``world_size`` ranks takes every ``world_size``-th index of the
-    common order; with ``shuffle`` the order wraps around so that every rank gets the same number
-    of batches (as ``DistributedSampler`` does). Without ``shuffle`` (evaluation) the shards are
-    disjoint and cover the data exactly once. Lightning calls ``set_epoch`` before every epoch.
-    """
-
-    def __init__(self, num_samples: int, seed: int = 0, shuffle: bool = True, rank: int = 0, world_size: int = 1):
-        if not 0 <= int(rank) < int(world_size):
-            raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
-        self.num_samples, self.seed, self.shuffle = int(num_samples), int(seed), bool(shuffle)
-        self.rank, self.world_size = int(rank), int(world_size)
-        self.epoch = 0
-        self._resume: tuple[int, int] | None = None
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def resume_at(self, epoch: int, consumed: int) -> None:
-        """Make the next iteration epoch ``epoch``, skipping the ``consumed`` indices this rank had
-        already yielded in it. ``len()`` stays the full epoch's, as Lightning's loop expects."""
-        if not 0 <= int(consumed) <= len(self):
-            raise ValueError(f"cannot resume {consumed} samples into an epoch of {len(self)}")
-        self.epoch = int(epoch)
-        self._resume = (int(epoch), int(consumed))
-
-    def __len__(self) -> int:
-        if self.shuffle:
-            return -(-self.num_samples // self.world_size)
-        return len(range(self.rank, self.num_samples, self.world_size))
-
-    def _order(self, rng: np.random.Generator) -> np.ndarray:
-        return rng.permutation(self.num_samples)
-
-    def __iter__(self) -> Iterator[int]:
-        if self.shuffle:
-            order = self._order(np.random.default_rng(self.seed + self.epoch))
-            if self.world_size > 1:
-                order = np.resize(order, len(self) * self.world_size)[self.rank :: self.world_size]
-        else:
-            order = np.arange(self.rank, self.num_samples, self.world_size)
-        skip = 0
-        if self._resume is not None:
-            epoch, consumed = self._resume
-            self._resume = None
-            skip = consumed if epoch == self.epoch else 0
-        self.epoch += 1  # without set_epoch, consecutive iterations still differ
-        return iter(order[skip:].tolist())
-
-
-class LengthBucketSampler(EpochShuffleSampler):
-    """An :class:`EpochShuffleSampler` whose order puts similar lengths in consecutive
-    ``batch_size`` chunks: shuffle, cut into pools of ``batch_size * pool_batches``, sort each pool
-    by length, cut into batches, shuffle the batch order."""
-
-    def __init__(self, lengths: np.ndarray, batch_size: int, seed: int = 0, pool_batches: int = 50,
-                 rank: int = 0, world_size: int = 1):
-        super().__init__(len(lengths), seed, shuffle=True, rank=rank, world_size=world_size)
-        self.lengths = np.asarray(lengths)
-        self.batch_size = int(batch_size)
-        self.pool = self.batch_size * int(pool_batches)
-
-    def _order(self, rng: np.random.Generator) -> np.ndarray:
-        perm = rng.permutation(len(self.lengths))
-        batches = []
-        for s in range(0, len(perm), self.pool):
-            pool = perm[s : s + self.pool]
-            pool = pool[np.argsort(self.lengths[pool], kind="stable")]
-            batches.extend(pool[i : i + self.batch_size] for i in range(0, len(pool), self.batch_size))
-        if not batches:
-            return perm
-        return np.concatenate([batches[j] for j in rng.permutation(len(batches))])
-
-
-class TextDataModule(pl.LightningDataModule):
+class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
     """Text classification data: see ``docs/_readme_data.md`` for the full description."""
 
     def __init__(
@@ -223,10 +92,16 @@ class TextDataModule(pl.LightningDataModule):
         pin_memory: bool = False,
         shuffle_seed: int = 0,
         hub_probe_timeout: float = 2.0,
+        rationale_field: str | None = None,
+        synthetic: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if source not in SOURCES:
             raise ValueError(f"source={source!r} is not one of {SOURCES}. Set data.source accordingly.")
+        if source != "local" and name not in KNOWN_DATASETS:
+            # The hub and package sources read what conf/data/<name>.yaml says: an unknown name would train
+            # another dataset under it. Local files are the user's own, so any name labels them.
+            get_spec(name)  # raises listing the known names
         text_fields = _plain(text_fields)
         if isinstance(text_fields, str):
             text_fields = [text_fields]
@@ -254,6 +129,12 @@ class TextDataModule(pl.LightningDataModule):
                 "source='local' needs data.train_file=PATH (CSV/TSV/JSON/JSONL/parquet), optionally "
                 "data.validation_file / data.test_file; or data.data_dir=DIR for the classic train.csv/test.csv layout."
             )
+        if source == "synthetic" and synthetic is None:
+            raise ValueError("source='synthetic' needs the generator's settings under data.synthetic "
+                             "(e.g. data=synthetic_order).")
+        # checked here, before any data is read; the spec is also part of the cache key
+        self.synthetic = SyntheticSpec.from_config(_plain(synthetic)) if source == "synthetic" else None
+        self.rationale_field = str(rationale_field) if rationale_field else None
         for k, v in (("max_length", max_length), ("batch_size", batch_size)):
             if int(v) < (2 if k == "max_length" else 1):
                 raise ValueError(f"{k}={v} is too small (set data.{k} to a positive value, max_length >= 2).")
@@ -345,6 +226,8 @@ class TextDataModule(pl.LightningDataModule):
         elif self.source == "local":
             src = {k: self._fingerprint(getattr(self, k))
                    for k in ("train_file", "validation_file", "test_file")}
+        elif self.source == "synthetic":
+            src = self.synthetic.as_dict()
         else:
             src = {"package_subset": self.package_subset, "file": self._fingerprint(str(S.package_csv_path()))}
         tok = None
@@ -359,6 +242,7 @@ class TextDataModule(pl.LightningDataModule):
             "val_fraction": self.val_fraction, "test_fraction": self.test_fraction, "split_seed": self.split_seed,
             "limit_train_examples": self.limit_train_examples, "max_length": self.max_length,
             "vocab_size": self.vocab_size_cap, "min_frequency": self.min_frequency, "tokenizer_file": tok,
+            "rationale_field": self.rationale_field,
         }
 
     def cache_path(self) -> Path:
@@ -413,230 +297,16 @@ class TextDataModule(pl.LightningDataModule):
         self.test_dataset = dd["test"] if "test" in dd else None
         self._loaded_dir = final
 
-    # ------------------------------------------------------------------ pipeline
-    def _load_raw(self) -> dict[str, S.RawSplit]:
-        if self._uses_classic():
-            files = S.find_classic_files(self.data_dir)
-            raw = {s: S.read_classic_csv(p, f"data_dir={self.data_dir!r} {p.name}", self.classic_columns)
-                   for s, p in files.items()}
-            log.info("[%s] source=classic CSV layout from data_dir=%s: %s", self.name, self.data_dir,
-                     {s: len(r) for s, r in raw.items()})
-            return raw
-        if self.source == "package":
-            return {"train": S.read_package(self.package_subset)}
-        if self.source == "local":
-            raw = {"train": S.read_table(self.train_file, "train_file")}
-            if self.validation_file:
-                raw["validation"] = S.read_table(self.validation_file, "validation_file")
-            if self.test_file:
-                raw["test"] = S.read_table(self.test_file, "test_file")
-            log.info("[%s] source=local files: %s", self.name, {s: r.origin for s, r in raw.items()})
-            return raw
-        dd = S.load_hub(self.hub_id, self.hub_config, self.hub_revision, self.hf_cache_dir, self.hub_probe_timeout,
-                        name=self.name if self.name in KNOWN_DATASETS else "agnews")
-        raw = {}
-        for ours in _SPLITS:
-            theirs = self.splits.get(ours)
-            if theirs is None:
-                continue
-            if theirs not in dd:
-                raise ValueError(
-                    f"splits.{ours}={theirs!r} is not a split of hub_id={self.hub_id!r}; available: "
-                    f"{sorted(dd)}. Set data.splits.{ours} to one of them (or null to carve it from train)."
-                )
-            ds = dd[theirs]
-            feat = ds.features.get(self.label_field)
-            names = list(feat.names) if type(feat).__name__ == "ClassLabel" else None
-            raw[ours] = S.RawSplit(origin=f"hub {self.hub_id}[{theirs}]", dataset=ds, label_names_from_features=names)
-        if "train" not in raw:
-            raise ValueError(f"splits.train must name a split of hub_id={self.hub_id!r}; available: {sorted(dd)}.")
-        log.info("[%s] source=hub %s: %s", self.name, self.hub_id, {s: len(r) for s, r in raw.items()})
-        return raw
-
-    def _procs(self, n_rows: int) -> int | None:
-        if self.num_proc is None:
-            try:
-                cores = len(os.sched_getaffinity(0))
-            except AttributeError:  # pragma: no cover
-                cores = os.cpu_count() or 1
-            n = min(cores, 8) if n_rows >= 20_000 else 1
-        else:
-            n = self.num_proc
-        return n if n > 1 and n_rows >= 2 * n else None
-
-    def _map(self, ds, fn, **kw):
-        """datasets.map(batched=True); with worker processes when that helps. Tokenizers' own
-        thread pool is switched off in the forked workers (no fork warning, no oversubscription)."""
-        procs = self._procs(len(ds))
-        saved = os.environ.get("TOKENIZERS_PARALLELISM")
-        if procs:
-            os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        try:
-            return ds.map(fn, batched=True, batch_size=1000, num_proc=procs, **kw)
-        finally:
-            if procs:
-                if saved is None:
-                    os.environ.pop("TOKENIZERS_PARALLELISM", None)
-                else:
-                    os.environ["TOKENIZERS_PARALLELISM"] = saved
-
-    def _texts(self, split: str, raw: S.RawSplit, fields: list[str]):
-        """A datasets.Dataset with one "text" column (joined fields)."""
-        import datasets
-
-        if raw.frame is not None:
-            texts = P.join_text_columns([raw.frame[f].tolist() for f in fields], self.text_separator)
-            return datasets.Dataset.from_dict({"text": texts})
-        sep = self.text_separator
-
-        def join(batch):
-            return {"text": P.join_text_columns([batch[f] for f in fields], sep)}
-
-        return self._map(raw.dataset, join, remove_columns=raw.dataset.column_names, desc=f"join text {split}")
-
-    def _build(self, out: Path) -> None:
-        from datasets.utils import logging as dlog
-
-        bars = dlog.is_progress_bar_enabled()
-        dlog.disable_progress_bar()
-        try:
-            self._build_inner(out)
-        finally:
-            if bars:
-                dlog.enable_progress_bar()
-
-    def _build_inner(self, out: Path) -> None:
-        import datasets
-        import pyarrow.compute as pc
-
-        t0 = time.perf_counter()
-        raw = self._load_raw()
-        if self._uses_classic():
-            label_field, fields, offset = "label", [c for c in raw["train"].columns if c != "label"], 1
-        else:
-            label_field, fields, offset = self.label_field, self.text_fields, 0
-        for r in raw.values():
-            P.check_columns(r, fields, label_field)
-        t1 = time.perf_counter()
-        self.timings["read"] = t1 - t0
-
-        ids, names, how = P.build_label_ids(raw, label_field, self._given_label_names, self._given_num_classes, offset)
-        parts: dict[str, Any] = {}
-        part_labels: dict[str, np.ndarray] = {}  # label ids aligned with parts[s] rows
-        dropped: dict[str, int] = {}
-        for s, r in raw.items():
-            ds = self._texts(s, r, fields).add_column("label", ids[s].tolist())
-            keep = pc.greater(pc.utf8_length(ds.data.column("text")), 0).to_numpy(zero_copy_only=False)
-            n_drop = int((~keep).sum())
-            if n_drop:
-                log.warning("[%s] dropped %d row(s) with empty/NaN text from the %s split (%s)", self.name, n_drop, s, r.origin)
-                ds = ds.select(np.flatnonzero(keep))
-            part_labels[s] = np.asarray(ids[s])[keep]
-            if len(ds) == 0:
-                raise ValueError(f"every row of the {s} split ({r.origin}) has empty text in text_fields={fields}.")
-            dropped[s] = n_drop
-            parts[s] = ds
-        t2 = time.perf_counter()
-        self.timings["normalise"] = t2 - t1
-
-        # carve missing splits from train, stratified and seeded
-        carve: dict[str, float] = {}
-        if "validation" not in parts and self.val_fraction:
-            carve["validation"] = P.check_fraction("val_fraction", self.val_fraction)
-        if "test" not in parts and self.test_fraction:
-            carve["test"] = P.check_fraction("test_fraction", self.test_fraction)
-        split_how = {s: f"given ({raw[s].origin})" for s in parts}
-        if carve:
-            if sum(carve.values()) >= 1:
-                raise ValueError(f"val_fraction + test_fraction = {sum(carve.values())} must be < 1.")
-            train = parts["train"]
-            lab = part_labels["train"]
-            idx = P.stratified_split(lab, carve, self.split_seed)
-            n_train = len(train)
-            for s, f in carve.items():
-                if len(idx[s]) == 0:
-                    raise ValueError(
-                        f"carving {s} with fraction {f} from {n_train} training rows gives an empty split; "
-                        f"provide a {s} file/split or more data."
-                    )
-                parts[s] = train.select(idx[s])
-                split_how[s] = f"carved from train: stratified, seed={self.split_seed}, fraction={f}, {len(idx[s])} of {n_train} rows"
-            parts["train"] = train.select(idx["rest"])
-            split_how["train"] = f"remaining {len(idx['rest'])} of {n_train} rows"
-        if self.limit_train_examples and len(parts["train"]) > self.limit_train_examples:
-            rng = np.random.default_rng(self.split_seed)
-            sub = np.sort(rng.permutation(len(parts["train"]))[: self.limit_train_examples])
-            parts["train"] = parts["train"].select(sub)
-            split_how["train"] += f"; limited to {self.limit_train_examples} rows (seeded random subset)"
-        # Evaluation splits are stored in a seeded shuffled order: carved splits and many files are sorted by
-        # label, so a few evaluation batches (limit_val_batches, debug=limit, a short study) would see one class.
-        # The order depends on split_seed alone, so the probe set and an exact resume stay the same across runs.
-        for s in ("validation", "test"):
-            if s in parts:
-                parts[s] = parts[s].select(P.evaluation_order(len(parts[s]), self.split_seed, s))
-                split_how[s] += f"; stored in a seeded shuffled order (split_seed={self.split_seed})"
-        for s in _SPLITS:
-            if s in parts:
-                log.info("[%s] %s: %d rows — %s", self.name, s, len(parts[s]), split_how[s])
-        t3 = time.perf_counter()
-        self.timings["split"] = t3 - t2
-
-        # tokenizer: trained on the training split only
-        train_text = parts["train"].data.column("text")
-        if self.tokenizer_file:
-            tok = load_tokenizer(self.tokenizer_file)
-        else:
-            def batches():
-                for chunk in train_text.chunks:
-                    for i in range(0, len(chunk), 1000):  # small batches keep the trainer's threads busy
-                        yield chunk.slice(i, 1000).to_pylist()
-
-            tok = train_tokenizer(batches(), self.vocab_size_cap, self.min_frequency, length=len(train_text))
-        t4 = time.perf_counter()
-        self.timings["train_tokenizer"] = t4 - t3
-
-        features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
-                                      "labels": datasets.Value("int64")})
-        max_len = self.max_length
-
-        def encode(batch):
-            return {"input_ids": encode_ids(tok, batch["text"], max_len), "labels": batch["label"]}
-
-        tokenized = {}
-        for s, ds in parts.items():
-            tokenized[s] = self._map(ds, encode, remove_columns=ds.column_names, features=features,
-                                     desc=f"tokenize {s}")
-        t5 = time.perf_counter()
-        self.timings["tokenize"] = t5 - t4
-
-        out.mkdir(parents=True, exist_ok=True)
-        datasets.DatasetDict(tokenized).save_to_disk(str(out / "dataset"))
-        save_tokenizer(tok, out / "tokenizer.json")
-        lengths = {s: pc.list_value_length(d.data.column("input_ids")).to_numpy() for s, d in tokenized.items()}
-        meta = {
-            "name": self.name, "settings": self.cache_settings(), "label_names": names,
-            "label_mapping": how, "num_classes": len(names), "vocab_size": tok.get_vocab_size(),
-            "rows": {s: len(d) for s, d in tokenized.items()}, "dropped_empty_text": dropped,
-            "split_how": split_how,
-            "class_counts": {s: np.bincount(d.data.column("labels").to_numpy(), minlength=len(names)).tolist()
-                             for s, d in tokenized.items()},
-            "mean_length": {s: float(v.mean()) for s, v in lengths.items()},
-            "truncated": {s: int((v >= max_len).sum()) for s, v in lengths.items()},
-        }
-        meta["checksums"] = {f.relative_to(out).as_posix(): _hash_file(f)
-                             for f in sorted(out.rglob("*")) if f.is_file()}
-        (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
-        self.timings["save"] = time.perf_counter() - t5
-        self.timings["total"] = time.perf_counter() - t0
-        log.info("[%s] vocab %d, classes %s, timings %s", self.name, meta["vocab_size"], names,
-                 {k: round(v, 2) for k, v in self.timings.items()})
-
     # ------------------------------------------------------------------ batching
     def collate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        """Pad to the longest example of the batch; mask True on real tokens."""
+        """Pad to the longest example of the batch; mask True on real tokens (and, with rationales,
+        ``rationale_mask`` True on rationale tokens, padded alike)."""
         ids, mask = pad_batch([r["input_ids"] for r in rows], self.pad_id)
-        return {"input_ids": ids, "attention_mask": mask,
-                "labels": torch.tensor([int(r["labels"]) for r in rows], dtype=torch.long)}
+        batch = {"input_ids": ids, "attention_mask": mask,
+                 "labels": torch.tensor([int(r["labels"]) for r in rows], dtype=torch.long)}
+        if rows and "rationale" in rows[0]:
+            batch["rationale_mask"] = rationale_mask([r["rationale"] for r in rows], ids.shape[1])
+        return batch
 
     def _shard(self) -> tuple[int, int]:
         """(rank, world_size) of this process; the datamodule shards every split itself."""

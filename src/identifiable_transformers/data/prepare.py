@@ -15,6 +15,9 @@ log = logging.getLogger("identifiable_transformers.data")
 
 _INT_RE = re.compile(r"^[+-]?\d+$")
 _NUMBER_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+# Label cells that spreadsheets and pandas write for a missing value. CSV cells are read as plain strings (a
+# review reading "NA" stays text), so without this a missing label would become a class named "NaN".
+_MISSING_LABELS = {"nan", "-nan", "na", "n/a", "#n/a", "<na>", "null", "none"}
 
 
 def check_columns(raw: RawSplit, text_fields: Sequence[str], label_field: str) -> None:
@@ -73,15 +76,36 @@ def _first(seq: Sequence[bool]) -> int:
     return int(np.flatnonzero(np.asarray(seq))[0])
 
 
-def _normalise_values(split: str, raw: RawSplit, values: list) -> list:
+def _check_label_cell(split: str, raw: RawSplit, i: int, v: Any, label_field: str, given: Sequence[str]) -> None:
+    """A missing label, a cell spelling a missing value, or the header row repeated mid-file is an error
+    naming the row; a value that ``label_names`` lists is a class name and passes."""
+    if _is_missing(v):
+        raise ValueError(
+            f"label is missing (NaN/empty) in the {split} split at {raw.where(i)}. "
+            "Fix or remove that row; labels are never guessed."
+        )
+    if not isinstance(v, str) or v.strip() in given:
+        return
+    text = v.strip()
+    if text.lower() in _MISSING_LABELS:
+        raise ValueError(
+            f"label {text!r} in the {split} split at {raw.where(i)} reads as a missing value. Fix or remove that "
+            f"row; labels are never guessed (if {text!r} is a class name, list it in data.label_names)."
+        )
+    if text == label_field:
+        raise ValueError(
+            f"the {split} split at {raw.where(i)} repeats the header row (its label cell reads {text!r}, the "
+            "label column's name): files concatenated with their headers? Remove that line."
+        )
+
+
+def _normalise_values(split: str, raw: RawSplit, values: list, label_field: str = "label",
+                      given: Sequence[str] | None = None) -> list:
     """Missing → error naming the row; bool/integral float/int-like string → int; else str."""
     out: list = []
+    given = given or ()
     for i, v in enumerate(values):
-        if _is_missing(v):
-            raise ValueError(
-                f"label is missing (NaN/empty) in the {split} split at {raw.where(i)}. "
-                "Fix or remove that row; labels are never guessed."
-            )
+        _check_label_cell(split, raw, i, v, label_field, given)
         if isinstance(v, (bool, np.bool_)):
             out.append(int(v))
         elif isinstance(v, (int, np.integer)):
@@ -167,7 +191,7 @@ def build_label_ids(
     else:
         vals: dict[str, list] = {}
         for s, (k, v) in kinds.items():
-            vals[s] = list(map(int, v)) if k == "ids" else _normalise_values(s, splits[s], v)
+            vals[s] = list(map(int, v)) if k == "ids" else _normalise_values(s, splits[s], v, label_field, given)
         is_str = any(isinstance(x, str) for v in vals.values() for x in v)
         if is_str:
             vals = {s: [str(x) for x in v] for s, v in vals.items()}

@@ -80,6 +80,6 @@ def get_spec(name: str) -> dict[str, Any]:
         raise ValueError(
             f"Unknown dataset name={name!r}. Known datasets: {', '.join(known_names())}. "
             "Pick one of these (e.g. `data=agnews`), or use `data=local data.train_file=...` "
-            "for your own files."
+            "for your own files (a new named dataset is a new conf/data/<name>.yaml)."
         )
     return copy.deepcopy(KNOWN_DATASETS[name])

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import json
+import os
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from .runs import GROUP
+from .runs import GROUP, ReportWarning
 
 # Key-aware count (docs/identifiability.md 2.5): probe examples nearest these lengths (<cls> included).
 # Dense float64 Jacobians of size n^2 x 2n*d_k make it slow beyond ~20 tokens at d_k = 64; 12 lies
@@ -59,10 +61,16 @@ def key_aware_counts(model, input_ids, attention_mask) -> dict:
     return {**out, "lengths": lengths}
 
 
-def _probe_batch(run_dir: Path, module, targets=KEY_AWARE_LENGTHS, cache: dict | None = None):
-    """The run's probe examples nearest the target lengths, rebuilt from the checkpoint's data config."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
+def default_cache_dir() -> str:
+    """Where the report rebuilds a run's tokenized data: conf/paths' ``paths.cache_dir`` default."""
+    return os.environ.get("IDT_CACHE_DIR", "~/.cache/identifiable_transformers")
+
+
+def _probe_batch(run_dir: Path, module, targets=KEY_AWARE_LENGTHS, cache: dict | None = None,
+                 cache_dir: str | None = None, what: str = "checkpoint"):
+    """The run's probe examples nearest the target lengths, rebuilt from the checkpoint's data settings
+    (as plain keyword arguments: a checkpoint's ``_target_`` is never run) with this machine's cache."""
+    from ..checkpoint import CheckpointError, data_module_from_checkpoint
 
     probe = json.loads((run_dir / "identifiability" / "probe.json").read_text())
     picked = []
@@ -72,17 +80,17 @@ def _probe_batch(run_dir: Path, module, targets=KEY_AWARE_LENGTHS, cache: dict |
             picked.append(min(free)[2])
     data_cfg = module.hparams.get("data_cfg")
     if not data_cfg:
-        raise ValueError(f"{run_dir}: the checkpoint has no data_cfg; cannot rebuild its probe examples")
-    key = json.dumps(data_cfg, sort_keys=True)
+        raise CheckpointError(f"{what} has no data_cfg; cannot rebuild its probe examples")
+    key = json.dumps(data_cfg, sort_keys=True, default=str)
     cache = {} if cache is None else cache
     if key not in cache:
-        dm = instantiate(OmegaConf.create(data_cfg))
+        dm = data_module_from_checkpoint(data_cfg, cache_dir or default_cache_dir(), what=what)
         dm.prepare_data()
         dm.setup("fit")
         cache[key] = dm
     dm = cache[key]
     if module.tokenizer is not None and dm.tokenizer.to_str() != module.tokenizer.to_str():
-        raise ValueError(f"{run_dir}: the rebuilt data's tokenizer differs from the checkpoint's")
+        raise CheckpointError(f"{what}: the rebuilt data's tokenizer differs from the checkpoint's")
     return dm.collate([dm.val_dataset[i] for i in picked]), picked
 
 
@@ -96,8 +104,11 @@ def _checkpoint_of(row) -> Path | None:
     return None
 
 
-def ensure_key_aware(runs: pd.DataFrame, compute: bool = True) -> list[str]:
-    """Write ``<run>/identifiability/key_aware.json`` for every run that lacks it; return notes on skipped runs."""
+def ensure_key_aware(runs: pd.DataFrame, compute: bool = True, cache_dir: str | None = None) -> list[str]:
+    """Write ``<run>/identifiability/key_aware.json`` for every run that lacks it; return notes on skipped runs.
+
+    A run whose checkpoint is refused (damaged, foreign, or naming anything but ``TextDataModule`` in its
+    data settings) or whose data cannot be rebuilt here is skipped with a warning; the other runs go on."""
     notes, cache = [], {}
     for _, r in runs.iterrows():
         path = Path(r["_dir"]) / "identifiability" / "key_aware.json"
@@ -108,14 +119,37 @@ def ensure_key_aware(runs: pd.DataFrame, compute: bool = True) -> list[str]:
             why = "--no-key-aware" if not compute else "no best checkpoint" if ckpt is None else "no probe.json"
             notes.append(f"{r['run']}: no key_aware.json ({why})")
             continue
-        from ..lit_module import TextClassifier
-
-        module = TextClassifier.load_from_checkpoint(str(ckpt), map_location="cpu")
-        batch, picked = _probe_batch(Path(r["_dir"]), module, cache=cache)
+        try:
+            batch, picked, module = _load_probe(r, ckpt, cache, cache_dir)
+        except Exception as ex:
+            if not _refusal(r, ex):
+                raise
+            continue
         counts = key_aware_counts(module.model, batch["input_ids"], batch["attention_mask"].bool())
         path.write_text(json.dumps({"checkpoint": str(ckpt), "split": "validation", "indices": picked, **counts}))
         print(f"key-aware count: {r['run']} ({ckpt.name}, probe examples {picked})", flush=True)
     return notes
+
+
+def _load_probe(r, ckpt: Path, cache: dict, cache_dir: str | None):
+    """(probe batch, probe indices, module) of one run, from its checked checkpoint."""
+    from ..lit_module import TextClassifier
+
+    module = TextClassifier.load_from_checkpoint(str(ckpt), map_location="cpu")
+    batch, picked = _probe_batch(Path(r["_dir"]), module, cache=cache, cache_dir=cache_dir,
+                                 what=f"checkpoint {ckpt}")
+    return batch, picked, module
+
+
+def _refusal(r, ex: Exception) -> bool:
+    """Warn and return True if ``ex`` is a user mistake (a refused checkpoint, data missing here); False for a bug."""
+    from ..cli import user_error_message
+
+    message = user_error_message(ex)
+    if message is None:
+        return False
+    warnings.warn(f"{r['run']}: no key-aware count, skipped: {message}", ReportWarning, stacklevel=3)
+    return True
 
 
 def key_aware_table(runs: pd.DataFrame) -> pd.DataFrame | None:

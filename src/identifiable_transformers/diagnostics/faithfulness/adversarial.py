@@ -317,11 +317,8 @@ def _edge_search(jsd_of, a: Tensor, pair_i: Tensor, pair_j: Tensor, pair_ok: Ten
 
     grid = torch.linspace(0.0, 1.0, points, device=dev)
     vals = torch.stack([jsd(g.expand(P, top)) for g in grid], -1)  # (P, top, G)
-    w_best = torch.zeros(P, top, device=dev)
-    tv_best = torch.full((P, top), -1.0, device=dev)
-    feas = vals <= eps  # grid points that are feasible
     tv_grid = torch.stack([tv(g.expand(P, top)) for g in grid], -1)
-    tv_grid = torch.where(feas, tv_grid, torch.full_like(tv_grid, -1.0))
+    tv_grid = torch.where(vals <= eps, tv_grid, torch.full_like(tv_grid, -1.0))  # -1: infeasible
     tv_best, g_idx = tv_grid.max(-1)
     w_best = grid[g_idx]
     # Golden-section search for the lowest JSD in the cell around the lowest grid value.
@@ -337,9 +334,7 @@ def _edge_search(jsd_of, a: Tensor, pair_i: Tensor, pair_j: Tensor, pair_ok: Ten
     ok = jsd(w_min) <= eps
     # From the feasible minimum, bisect towards the end of the edge with the larger TV.
     end = torch.where(tv(torch.ones_like(w_min)) >= tv(torch.zeros_like(w_min)), 1.0, 0.0)
-    inside, outside = w_min, end
-    end_ok = jsd(end) <= eps
-    inside = torch.where(end_ok, end, inside)
+    inside, outside = w_min, end  # when the end itself is feasible, the grid has it already
     for _ in range(iters):
         mid = 0.5 * (inside + outside)
         good = jsd(mid) <= eps

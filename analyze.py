@@ -47,7 +47,11 @@ def _texts_from_cfg(cfg: DictConfig) -> list[str] | None:
 
 
 def _split_batch(cfg: DictConfig, module):
-    """Rebuild the datamodule from the checkpoint's data settings and draw stratified examples."""
+    """Rebuild the datamodule from the checkpoint's data settings and draw stratified examples.
+
+    Returns (batch, indices, rationales): rationales (token positions per example) when the split has
+    them, examples with one preferred, else None.
+    """
     from identifiable_transformers.checkpoint import data_module_from_checkpoint
     from identifiable_transformers.diagnostics.callback import select_probe_indices
 
@@ -68,9 +72,11 @@ def _split_batch(cfg: DictConfig, module):
     if ds is None or len(ds) == 0:
         raise ValueError(f"split={cfg.split!r} is empty for this data config")
     lengths = [len(x) for x in ds["input_ids"]]
-    idx = select_probe_indices(lengths, int(cfg.num_examples), int(cfg.seed), module.model.max_len)
+    rationales = ds["rationale"] if getattr(dm, "has_rationales", False) else None
+    preferred = None if rationales is None else [len(r) > 0 for r in rationales]
+    idx = select_probe_indices(lengths, int(cfg.num_examples), int(cfg.seed), module.model.max_len, preferred=preferred)
     batch = dm.collate([ds[i] for i in idx])
-    return batch, idx
+    return batch, idx, None if rationales is None else [[int(j) for j in rationales[i]] for i in idx]
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="analyze")
@@ -98,8 +104,9 @@ def main(cfg: DictConfig) -> str:
         max_length = int(cfg.max_length or min(data_cfg.get("max_length", model.max_len), model.max_len))
         batch = encode_texts(tokenizer, texts, max_length)
         meta = {"checkpoint": str(ckpt), "max_length": max_length}
+        rationales = None
     else:
-        batch, idx = _split_batch(cfg, module)
+        batch, idx, rationales = _split_batch(cfg, module)
         meta = {"checkpoint": str(ckpt), "split": cfg.split, "example indices": idx}
     ids, mask = batch["input_ids"], batch["attention_mask"].bool()
     tokens = tokens_for_batch(tokenizer, ids, mask)
@@ -109,7 +116,8 @@ def main(cfg: DictConfig) -> str:
 
     out = Path(cfg.output_dir) if cfg.get("output_dir") else Path(HydraConfig.get().runtime.output_dir)
     path = build_report(model, ids, mask, out, tokens=tokens, texts=texts, label_names=module.label_names,
-                        title=f"Attention identifiability: {ckpt.name}", meta=meta, key_aware=bool(cfg.key_aware))
+                        title=f"Attention identifiability: {ckpt.name}", meta=meta, key_aware=bool(cfg.key_aware),
+                        rationales=rationales)
     log.info("wrote %s", path)
     print(path)
     return str(path)

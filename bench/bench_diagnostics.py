@@ -6,7 +6,11 @@ Measured side by side in one process, on the same CPU/GPU:
   * one diagnostics pass of IdentifiabilityCallback: 64 probe examples stratified over lengths
     5-60 (the Rotten Tomatoes range), ``attention_identifiability`` with the maps;
   * the callback's figures (null dims vs length + 3 heatmap figures), drawn synchronously, and
-    drawn in the plot thread while a training epoch runs (the callback's default).
+    drawn in the plot thread while a training epoch runs (the callback's default);
+  * one pass of FaithfulnessCallback on the same probes: every cheap explainer, the random control's
+    10 draws, the erasure metrics, tau with leave-one-out, the uniform-attention gap and the plausibility
+    metrics against a synthetic rationale (a seeded 20% of each probe's real tokens, at least one);
+  * its end-of-fit tier once (integrated gradients, adversarial attention on 8 probes).
 Lengths are synthetic (a clipped log-normal with the Rotten Tomatoes median ~22 tokens) so the
 benchmark needs no data download. Usage:
 
@@ -87,11 +91,11 @@ def diagnostics_pass(model, ids, mask) -> tuple[tuple[float, float], dict]:
     return (c.wall, c.cpu), rep
 
 
-def faithfulness_pass(model, ids, mask, labels) -> tuple[float, float]:
-    """What FaithfulnessCallback computes each epoch."""
+def faithfulness_pass(model, ids, mask, labels, rationale) -> tuple[float, float]:
+    """What FaithfulnessCallback computes each epoch (on data with rationales: plausibility included)."""
     _sync(str(ids.device))
     with _Clock() as c:
-        faithfulness_report(model, ids, mask, labels, explainers=CHEAP_EXPLAINERS)
+        faithfulness_report(model, ids, mask, labels, explainers=CHEAP_EXPLAINERS, rationale_mask=rationale)
         _sync(str(ids.device))
     return c.wall, c.cpu
 
@@ -137,13 +141,16 @@ def main() -> None:
     ids, mask = _batch(val_lengths[probe], rng, args.device)
     ids[:, 0] = 2  # <cls> first, as the data module writes it
     labels = torch.randint(0, 2, (ids.shape[0],), device=args.device)
+    rationale = (torch.rand(ids.shape, generator=torch.Generator().manual_seed(0)) < 0.2).to(args.device) & mask
+    rationale[:, 0] = False
+    rationale[:, 1] = True  # at least one token per example
     print(f"device={args.device} threads={torch.get_num_threads()} train examples={args.examples} "
           f"(mean length {train_lengths.mean():.1f}); probe 64 examples, lengths {val_lengths[probe].min()}-"
           f"{val_lengths[probe].max()}")
     print("wall s (process CPU s). 'plots' = the 4 PNGs drawn synchronously; 'async' = extra wall time of a "
           "training epoch that runs while the plot thread draws them (the callback's default)")
-    print("'faith' = FaithfulnessCallback's per-epoch pass (cheap explainers + metrics); 'final' = its end-of-fit "
-          "tier (once per fit)")
+    print("'faith' = FaithfulnessCallback's per-epoch pass (cheap explainers, 10 random draws, metrics, plausibility); "
+          "'final' = its end-of-fit tier (once per fit)")
     print(f"{'heads':<8}{'epoch':>15}{'diagnostics':>15}{'plots':>15}{'async':>8}{'diag/epoch':>12}"
           f"{'diag+async':>12}{'diag+plots':>12}{'faith':>15}{'faith/epoch':>12}{'final':>15}{'final/epoch':>12}")
 
@@ -178,8 +185,8 @@ def main() -> None:
 
             plots = med(sync_plots)
             async_extra = med(epoch_with_async_plots)[0] - epoch[0]
-        faithfulness_pass(model, ids, mask, labels)  # warm-up
-        faith = med(lambda: faithfulness_pass(model, ids, mask, labels))
+        faithfulness_pass(model, ids, mask, labels, rationale)  # warm-up
+        faith = med(lambda: faithfulness_pass(model, ids, mask, labels, rationale))
         final = (math.nan, math.nan) if args.no_final else med(lambda: faithfulness_final(model, ids, mask))
         r = lambda x: f"{x / epoch[0]:.1%}"  # noqa: E731
         print(f"{combine:<8}{fmt(epoch):>15}{fmt(diag):>15}{fmt(plots):>15}{async_extra:8.2f}{r(diag[0]):>12}"

@@ -1,6 +1,7 @@
 """Compose the real Hydra configs for tests: CPU, tiny runs, outputs in tmp_path, no network."""
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,32 @@ def make_cfg(tmp_path, cache_dir):
 
     yield make
     GlobalHydra.instance().clear()
+
+
+@pytest.fixture
+def read_only(monkeypatch):
+    """read_only(folder): make ``folder`` and everything in it read-only (chmod a-w), undone after the test.
+
+    Root writes through permission bits, so for root ``os.access`` is made to answer W_OK as the owner's bits
+    say (what a non-root owner would be told); the project asks ``os.access`` before it writes a folder."""
+    marked = []
+
+    def mark(folder: Path) -> Path:
+        for p in [folder, *folder.rglob("*")]:
+            p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+        marked.append(folder)
+        return folder
+
+    if os.geteuid() == 0:
+        real = os.access
+
+        def access(path, mode, *args, **kwargs):
+            if mode & os.W_OK and os.path.exists(path) and not os.stat(path).st_mode & stat.S_IWUSR:
+                return False
+            return real(path, mode, *args, **kwargs)
+
+        monkeypatch.setattr(os, "access", access)
+    yield mark
+    for folder in marked:
+        for p in [folder, *folder.rglob("*")]:
+            p.chmod(p.stat().st_mode | stat.S_IWUSR)

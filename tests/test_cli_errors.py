@@ -47,6 +47,7 @@ CASES = {
     "bad_shape": (["model=baseline", "model.embed_dim=30"], ["model.embed_dim", "not divisible by num_heads=4"]),
     "missing_file": (["data=local", "data.train_file=/nope.csv"], ["Error: train_file='/nope.csv' does not exist"]),
     "missing_column": (["data=local", "data.train_file=table.csv"], ["text_fields=['text']", "columns found"]),
+    "data_value": (["data.batch_size=0"], ["Error: data: batch_size=0 must be >= 1: set data.batch_size"]),
 }
 
 
@@ -135,11 +136,41 @@ def test_analyze_missing_checkpoint_ends_cleanly(tmp_path, cache_dir):
     ("+model.embed_dims=30", "model.embed_dims is not an option of "
                              "identifiable_transformers.lit_module.TextClassifier: did you mean model.embed_dim?"),
     ("+model.zzz=30", "its options: vocab_size, num_classes, embed_dim"),
+    # element types of list values, and no boolean for a string (data.name=true ended in a TypeError)
+    ("data.label_names=[[neg],[pos]]", "data.label_names=[['neg'], ['pos']] is not a list of a string or null: "
+                                       "pass e.g. data.label_names=[text]"),
+    ("data.text_fields=[text,[title]]", "is not a list of a string"),
+    ("data.name=true", "data.name=True is not a string: pass e.g. data.name=rt_offline"),
+    ("data.hub_config=false", "data.hub_config=False is not a string or null"),
+    # ranges the model, the optimiser and the data module check at construction, before any data
+    ("model.embed_dim=0", "model.embed_dim: embed_dim must be >= 1, got 0"),
+    ("model.num_heads=0", "model.num_heads: num_heads must be >= 1, got 0"),
+    ("model.lr=-0.001", "model.lr: lr must be >= 0, got -0.001"),
+    ("model.warmup_steps=-1", "model.warmup_steps: warmup_steps must be >= 0, got -1"),
+    ("model.label_smoothing=1", "model.label_smoothing: label_smoothing must be in [0, 1), got 1"),
+    ("seed=abc", "seed='abc' is not an int or null: pass e.g. seed=42"),
+    ("train=yes", "train='yes' is not true or false: pass e.g. train=true"),
+    ("data.batch_size=0", "data: batch_size=0 must be >= 1: set data.batch_size to a positive number"),
+    ("data.eval_batch_size=-5", "data: eval_batch_size=-5 must be >= 1: set data.eval_batch_size"),
+    ("data.num_workers=-1", "data: num_workers=-1 must be >= 0: set data.num_workers=0"),
+    ("data.max_length=1", "data: max_length=1 is too small: set data.max_length >= 2"),
+    ("data.name=foo", "data: Unknown dataset name='foo'. Known datasets: agnews,"),
 ])
 def test_check_config_names_key_value_and_expected_type(make_cfg, override, message):
     with pytest.raises(ConfigError) as info:
         check_config(make_cfg(override))
     assert message in str(info.value)
+    assert "\n" not in str(info.value) and user_error_message(info.value) == str(info.value)  # one Error: line
+
+
+@pytest.mark.parametrize("key", ["paths.cache_dir", "data.cache_dir"])
+def test_a_cache_dir_that_is_a_file_is_found_before_the_data(make_cfg, tmp_path, key):
+    (tmp_path / "a_file").write_text("x")
+    for value in (tmp_path / "a_file", tmp_path / "a_file" / "sub"):
+        cfg = make_cfg()
+        OmegaConf.update(cfg, key, str(value))
+        with pytest.raises(ConfigError, match=f"{key}=.*a_file.* is not a folder .*a_file is a file"):
+            check_config(cfg)
 
 
 def test_missing_checkpoint_is_found_before_the_data(make_cfg):

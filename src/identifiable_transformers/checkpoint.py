@@ -228,7 +228,13 @@ class LastCheckpoint(Checkpoint):  # a Checkpoint, so Lightning runs it after th
             _write_digests(self.path, [new])
         self._saved = self._state(trainer)
 
-    def on_train_batch_end(self, trainer: pl.Trainer, *args) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        # Never on an epoch's last batch: Lightning resumes a checkpoint saved there as a finished epoch and skips
+        # its validation (a kill before it would lose that epoch's metrics and best checkpoint). The save after
+        # that validation, or at the epoch end, follows at once.
+        if batch_idx + 1 >= trainer.num_training_batches:
+            return
         if self.every_n_train_steps and trainer.global_step % self.every_n_train_steps == 0:
             self._save(trainer)
 

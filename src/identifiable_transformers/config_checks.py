@@ -31,15 +31,42 @@ _EXAMPLES = {bool: "true", int: "10", float: "0.1", str: "text", type(None): "nu
 _DESCRIPTIONS = {bool: "true or false", int: "an int", float: "a number", str: "a string", type(None): "null"}
 
 
+# Top-level keys of conf/train.yaml that no _target_ signature types: (type, example)
+_TOP_LEVEL = {"seed": (int | None, "42"), "train": (bool, "true"), "test": (bool, "true")}
+
+
 def check_config(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` for the first config mistake found (see the module docstring)."""
+    for key, (tp, example) in _TOP_LEVEL.items():
+        if key in cfg and not matches(value := cfg[key], tp):
+            raise ConfigError(f"{key}={value!r} is not {describe(tp)}: pass e.g. {key}={example}")
+    check_paths(cfg)
     for key, node in _target_nodes(cfg):
         check_node(key, node)
+    if cfg.get("data") is not None:
+        check_data(cfg)
     if cfg.get("model") is not None and cfg.get("data") is not None:
         check_model(cfg)
     ckpt = cfg.get("ckpt_path")
     if ckpt and not Path(str(ckpt)).expanduser().is_file():
         raise FileNotFoundError(f"ckpt_path={ckpt} does not exist: pass the path of a .ckpt file")
+
+
+def check_paths(cfg: DictConfig) -> None:
+    """The cache folder must be a folder (or creatable as one): a file there ends in a raw OSError later."""
+    from .data.cache import nearest_existing
+
+    for key in ("paths.cache_dir", "data.cache_dir"):
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_missing=True)
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from e
+        if value is None:
+            continue
+        base = nearest_existing(Path(str(value)))
+        if not base.is_dir():
+            raise ConfigError(f"{key}={value} is not a folder ({base} is a file): pass a folder for the tokenized "
+                              f"datasets, e.g. {key}=~/.cache/identifiable_transformers")
 
 
 def _target_nodes(node: DictConfig, prefix: str = "") -> Iterator[tuple[str, DictConfig]]:
@@ -173,6 +200,9 @@ def _example(tp: Any, default: Any) -> str:
             return repr(typing.get_args(a)[0])
         if a in _EXAMPLES and a is not type(None):
             return _EXAMPLES[a]
+        base, inner = typing.get_origin(a) or a, typing.get_args(a)
+        if base in (list, cabc.Sequence, cabc.MutableSequence) and inner and inner[0] in _EXAMPLES:
+            return f"[{_EXAMPLES[inner[0]]}]"  # a list of plain values, written as Hydra reads it
     return "..."
 
 
@@ -209,3 +239,19 @@ def check_model(cfg: DictConfig) -> None:
         log.debug("dry model build skipped: %r", e)  # not ours to explain; the real build will tell
     except Exception as e:  # the check must never fail a run that the real build would accept
         log.debug("dry model build skipped: %r", e)
+
+
+def check_data(cfg: DictConfig) -> None:
+    """Build the project's data module once: its constructor checks values and reads no data."""
+    from .data import TextDataModule
+
+    values = _resolved("data", cfg.data)
+    target = _locate("data", str(values.pop("_target_")))
+    if not (inspect.isclass(target) and issubclass(target, TextDataModule)):
+        return  # someone else's data module: its constructor may read data, so leave it to the real build
+    try:
+        target(**values)
+    except ValueError as e:
+        if not _raised_in(e, set()):
+            raise
+        raise ConfigError(f"data: {e}") from e

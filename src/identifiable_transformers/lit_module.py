@@ -90,6 +90,11 @@ class TextClassifier(pl.LightningModule):
         super().__init__()
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler={scheduler!r} is unknown; use one of {list(SCHEDULERS)}")
+        for name, value in (("lr", lr), ("weight_decay", weight_decay), ("warmup_steps", warmup_steps)):
+            if value < 0:  # lr=0 is allowed: a frozen run is a useful baseline
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
         if label_names is not None and len(label_names) != num_classes:
             raise ValueError(f"label_names has {len(label_names)} names but num_classes={num_classes}")
         # logger=False: the training app logs the resolved config itself (without the tokenizer blob).

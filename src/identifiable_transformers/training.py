@@ -23,8 +23,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import CheckpointError, check_compatible, read_checkpoint
 from .config_checks import check_config
+from .data.cache import writable
 from .data.sources import host_reachable
 from .data.tokenizer import tokenizer_from_str
+from .history import MetricsHistory
+from .quiet import ModelSummary, silence_known_noise
+from .run_checks import check_resume_batch_size, check_run_folder
 from .wandb_logging import log_run_end
 
 log = logging.getLogger(__name__)
@@ -167,25 +171,31 @@ def run(cfg: DictConfig) -> dict:
     check_config(cfg)  # types, unknown keys, impossible model shapes: before any data is prepared
     start = time.time()
     log_once()
+    silence_known_noise()
     check_strategy(cfg)
+    output_dir = check_run_folder(cfg)  # writable, and not a finished run's unless resuming it
+    ckpt_path = cfg.get("ckpt_path")
+    ckpt = None
+    if ckpt_path:  # refused here with a clear message, before Lightning meets a damaged or foreign file
+        ckpt, _ = read_checkpoint(ckpt_path, what="ckpt_path")
+        check_resume_batch_size(cfg, ckpt, ckpt_path)
     if cfg.get("seed") is not None:
         pl.seed_everything(cfg.seed, workers=True)
-    output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
 
     log.info("Data <%s>", cfg.data.get("name", cfg.data._target_))
     datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
     # Every rank builds the vocabulary before the model exists; the lock makes one of them do the work.
     lock_dir = Path(os.path.expanduser(str(cfg.paths.cache_dir)))
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(lock_dir / "prepare_data.lock")):
+    if writable(lock_dir):
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(lock_dir / "prepare_data.lock")):
+            datamodule.prepare_data()
+    else:  # a read-only cache is only read (nobody can build into it); prepare_data says so if it must build
         datamodule.prepare_data()
     datamodule.setup("fit")
     datamodule.save_tokenizer(output_dir / "tokenizer.json")
 
-    ckpt_path = cfg.get("ckpt_path")
-    if ckpt_path and not Path(ckpt_path).is_file():
-        raise FileNotFoundError(f"ckpt_path={ckpt_path} does not exist: pass the path of a .ckpt file")
     log.info("Model <%s>", cfg.model._target_)
     # Built by hand, not hydra.utils.instantiate: data_cfg holds a _target_ that must stay a plain dict.
     model_kwargs = OmegaConf.to_container(cfg.model, resolve=True)
@@ -198,18 +208,21 @@ def run(cfg: DictConfig) -> dict:
         tokenizer_json=datamodule.tokenizer.to_str(),
         data_cfg=OmegaConf.to_container(cfg.data, resolve=True),
     )
-    if ckpt_path:  # refused here with a clear message, before Lightning meets a damaged or foreign file
-        ckpt, _ = read_checkpoint(ckpt_path, what="ckpt_path")
+    if ckpt is not None:
         check_compatible(ckpt, model, ckpt_path, what="ckpt_path")
         _check_same_tokenizer(ckpt, datamodule, ckpt_path)
         del ckpt
     loggers = build_loggers(cfg)
-    callbacks = _instantiate_dict(cfg.get("callbacks"))
+    history = MetricsHistory(output_dir)  # metrics_history.csv: always, whatever the callbacks config
+    callbacks = [*_instantiate_dict(cfg.get("callbacks")), history]
     # Lightning refuses these without a logger / with the bar disabled: drop them instead of failing.
     if cfg.trainer.get("enable_progress_bar") is False:
         callbacks = [c for c in callbacks if not isinstance(c, pl.callbacks.ProgressBar)]
     if not loggers:
         callbacks = [c for c in callbacks if not isinstance(c, pl.callbacks.LearningRateMonitor)]
+    if cfg.trainer.get("enable_model_summary") is not False and not any(
+            isinstance(c, pl.callbacks.ModelSummary) for c in callbacks):
+        callbacks.append(ModelSummary())  # Lightning's own, less its column of zero FLOPs
     trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
     try:
@@ -230,7 +243,13 @@ def run(cfg: DictConfig) -> dict:
                     f"trainer.max_steps={cfg.trainer.get('max_steps')}, trainer.limit_train_batches="
                     f"{cfg.trainer.get('limit_train_batches')}): there is no trained model to test. Train at least "
                     "one step (e.g. trainer.max_epochs=1), or evaluate a checkpoint with train=false ckpt_path=PATH.")
-        fit_metrics = _scalars(trainer.callback_metrics)
+        # After a resume that had nothing left to train (a finished run), callback_metrics is empty: the last
+        # epoch's metrics come from the history the checkpoint carried.
+        fit_metrics = {**history.final_metrics(), **_scalars(trainer.callback_metrics)}
+        if cfg.get("train") and "val/acc_best" not in fit_metrics:  # a checkpoint older than the history
+            best = float(model.val_acc_best.max_value)  # restored with the checkpoint (a persistent metric state)
+            if best > float("-inf"):
+                fit_metrics["val/acc_best"] = best
 
         test_metrics: dict[str, float] = {}
         # the one keeping the best val/acc (LastCheckpoint has no monitor)
@@ -266,6 +285,8 @@ def run(cfg: DictConfig) -> dict:
         }
         if trainer.is_global_zero:
             (output_dir / "metrics.json").write_text(json.dumps(result, indent=2))
+            if history.rows:
+                history.write()  # also when no epoch ran here (a resumed finished run into a new folder)
             OmegaConf.save(cfg, output_dir / "config_resolved.yaml", resolve=True)
             log_run_end(loggers, output_dir, result)
             log.info("%s", where_things_are(output_dir, result))

@@ -55,6 +55,27 @@ def test_an_edited_validation_or_test_file_serves_its_new_labels(tmp_path, make_
     assert labels(new) == [0] * 30
 
 
+def _snapshot(folder):
+    return {(str(p), p.stat().st_mtime_ns) for p in [folder, *folder.rglob("*")]}
+
+
+def test_a_read_only_cache_is_read_when_built_and_named_when_it_must_be_built(tmp_path, make_rows, write_rows,
+                                                                               read_only):
+    f = write_rows(tmp_path / "t.csv", make_rows(10))
+    built = _ready(_dm(f, tmp_path / "c"))
+    labels = list(built.train_dataset["labels"])
+    read_only(tmp_path / "c")
+    before = _snapshot(tmp_path / "c")
+    again = _ready(_dm(f, tmp_path / "c"))  # built: only read
+    assert list(again.train_dataset["labels"]) == labels and _snapshot(tmp_path / "c") == before
+    with pytest.raises(ValueError) as info:  # another max_length: a new entry that cannot be written
+        _dm(f, tmp_path / "c", max_length=16).prepare_data()
+    msg = str(info.value)
+    assert "must be built (it is not built yet)" in msg and str(tmp_path / "c" / "t") in msg
+    assert "not writable" in msg and "paths.cache_dir" in msg
+    assert _snapshot(tmp_path / "c") == before
+
+
 def test_changed_preparation_code_is_a_new_cache_entry(tmp_path, make_rows, write_rows, monkeypatch):
     f = write_rows(tmp_path / "t.csv", make_rows(10))
     before = _dm(f, tmp_path / "c").cache_path()

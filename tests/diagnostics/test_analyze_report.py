@@ -188,3 +188,69 @@ def test_report_strip_shading_and_metrics_beside_it(tmp_path, monkeypatch):
     assert "rgba(214,39,40,0.250)'>long<" in row
     assert "<td>0.123</td><td>-0.250</td><td>n/a</td><td>1.000</td>" in row
     assert json.loads((tmp_path / "report.json").read_text())["faithfulness"][0]["metrics"]["grad_input"]["tau_loo"] is None
+
+
+def test_rationale_tokens_are_marked_on_every_strip(tmp_path):
+    from identifiable_transformers.diagnostics.faithfulness import CHEAP_EXPLAINERS
+
+    torch.manual_seed(0)
+    tok = _tokenizer()
+    model = TransformerClassifier(tok.get_vocab_size(), 2, embed_dim=8, num_heads=2, positional="sinusoidal").eval()
+    texts, ids, mask = _tiny_batch(tok)  # "good film very long", "the plot was dull and not funny"
+    tokens = tokens_for_batch(tok, ids, mask)
+    rationales = [[1, 2], [3, 5, 6]]  # positions into input_ids: "film very", "dull not funny" (position 0 plays <cls>)
+    page = build_report(model, ids, mask, tmp_path, tokens=tokens, texts=texts, rationales=rationales).read_text()
+    for e in CHEAP_EXPLAINERS:
+        rows = re.findall(rf"<tr data-explainer='{e}'>(.*?)</tr>", page)
+        marked = [re.findall(r"data-rationale='1'[^>]*>([^<]+)<", r) for r in rows]
+        assert marked == [["film", "very"], ["dull", "not", "funny"]], e
+        assert "AUPRC rat." in page
+    faith = json.loads((tmp_path / "report.json").read_text())["faithfulness"]
+    assert faith[1]["rationale"] == [3, 5, 6] and "rationale_auprc" in faith[1]["metrics"]["loo"]
+    # without rationales: no marks, no plausibility columns
+    page = build_report(model, ids, mask, tmp_path / "plain", tokens=tokens, texts=texts).read_text()
+    assert "data-rationale" not in page and "AUPRC rat." not in page
+
+
+def test_analyze_split_with_rationales_passes_them_on(monkeypatch):
+    from types import SimpleNamespace
+
+    import datasets
+    from omegaconf import OmegaConf
+
+    sys.path.insert(0, str(ROOT))
+    try:
+        import analyze
+    finally:
+        sys.path.remove(str(ROOT))
+    tok = _tokenizer()
+
+    class FakeData:
+        has_rationales = True
+        tokenizer = tok
+        val_dataset = datasets.Dataset.from_list(
+            [{"input_ids": [2] + [5 + (i + k) % 10 for k in range(3 + i % 4)], "labels": i % 2,
+              "rationale": [1, 2] if i % 3 == 0 else []} for i in range(30)])
+
+        def prepare_data(self):
+            pass
+
+        def setup(self, stage):
+            pass
+
+        def collate(self, rows):
+            T = max(len(r["input_ids"]) for r in rows)
+            ids = torch.zeros(len(rows), T, dtype=torch.long)
+            for i, r in enumerate(rows):
+                ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
+            return {"input_ids": ids, "attention_mask": ids != 0}
+
+    from identifiable_transformers import checkpoint
+
+    monkeypatch.setattr(checkpoint, "data_module_from_checkpoint", lambda data_cfg, cache_dir, **kw: FakeData())
+    module = SimpleNamespace(hparams={"data_cfg": {"name": "x"}}, tokenizer=tok, model=SimpleNamespace(max_len=64))
+    cfg = OmegaConf.create({"split": "validation", "num_examples": 4, "seed": 0, "ckpt_path": "unused.ckpt",
+                            "paths": {"cache_dir": "unused"}})
+    batch, idx, rationales = analyze._split_batch(cfg, module)
+    assert len(idx) == 4 and all(i % 3 == 0 for i in idx)  # the examples with a rationale are preferred
+    assert rationales == [[1, 2]] * 4 and batch["input_ids"].shape[0] == 4

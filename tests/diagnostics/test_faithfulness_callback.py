@@ -3,10 +3,19 @@
 import json
 from types import SimpleNamespace
 
+import datasets
+import lightning.pytorch as pl
+import numpy as np
 import pytest
+import torch
+import torch.nn.functional as nnF
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader
 
+from identifiable_transformers.diagnostics.callback import IdentifiabilityCallback
 from identifiable_transformers.diagnostics.faithfulness import CHEAP_EXPLAINERS, METRICS
 from identifiable_transformers.diagnostics.faithfulness_callback import FaithfulnessCallback
+from identifiable_transformers.models import TransformerClassifier
 from identifiable_transformers.training import run
 
 
@@ -79,3 +88,120 @@ def test_bad_arguments_fail_fast():
         FaithfulnessCallback(explainers=["attn"])
     with pytest.raises(ValueError, match="every_n_epochs"):
         FaithfulnessCallback(every_n_epochs=0)
+
+
+def _rows(n_rows, seed):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n_rows):
+        n = int(rng.integers(2, 30))
+        # every other example has a rationale: all its real tokens after <cls>
+        out.append({"input_ids": [2] + rng.integers(3, 60, n - 1).tolist(), "labels": int(rng.integers(0, 2)),
+                    "rationale": list(range(1, n)) if i % 2 == 0 else []})
+    return out
+
+class RationaleData(pl.LightningDataModule):
+    has_rationales = True
+    tokenizer = None
+
+    def __init__(self):
+        super().__init__()
+        self.train_dataset = datasets.Dataset.from_list(_rows(32, 0))
+        self.val_dataset = datasets.Dataset.from_list(_rows(40, 1))
+
+    def collate(self, batch):
+        T = max(len(r["input_ids"]) for r in batch)
+        ids = torch.zeros(len(batch), T, dtype=torch.long)
+        for i, r in enumerate(batch):
+            ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
+        return {"input_ids": ids, "attention_mask": ids != 0, "labels": torch.tensor([r["labels"] for r in batch])}
+
+    def train_dataloader(self):
+        return DataLoader(list(self.train_dataset), batch_size=16, collate_fn=self.collate)
+
+    def val_dataloader(self):
+        return DataLoader(list(self.val_dataset), batch_size=16, collate_fn=self.collate)
+
+class TinyModule(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.model = TransformerClassifier(60, 2, embed_dim=16, num_heads=4, key_dim=2, max_len=64)
+
+    def training_step(self, batch, batch_idx):
+        return nnF.cross_entropy(self.model(batch["input_ids"], batch["attention_mask"]).logits, batch["labels"])
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def _fit(tmp_path, faith, progress_bar=False):
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, default_root_dir=tmp_path,
+                         callbacks=[IdentifiabilityCallback(probe_size=12, plots=False), faith],
+                         logger=CSVLogger(tmp_path, name="csv"), enable_checkpointing=False,
+                         enable_progress_bar=progress_bar, enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(TinyModule(), datamodule=RationaleData())
+    return trainer
+
+
+def test_rationales_reach_the_probe_and_the_plausibility_metrics(tmp_path):
+    """A data module with rationales: the probe prefers examples that have one, and every explainer gets
+    rationale_auprc / rationale_f1. Known answer: a rationale of every real token (not <cls>) gives 1 for any
+    explainer, so a mask shifted by one position (or one covering <cls> or padding) would show."""
+    torch.manual_seed(0)
+    trainer = _fit(tmp_path, FaithfulnessCallback(final=False, random_draws=3))
+    probe = json.loads((tmp_path / "identifiability" / "probe.json").read_text())
+    assert len(probe["indices"]) == 12 and all(i % 2 == 0 for i in probe["indices"])  # 20 have one: all chosen
+    logged = trainer.logged_metrics
+    for e in CHEAP_EXPLAINERS:
+        assert float(logged[f"val/faith/{e}/rationale_auprc"]) == 1.0, e
+        assert float(logged[f"val/faith/{e}/rationale_f1"]) == 1.0, e
+    assert "val/faith/random/comprehensiveness_std" in logged
+    ex = json.loads((tmp_path / "identifiability" / "explanations.json").read_text())
+    assert [len(r) for r in ex["rationales"]] == [n - 1 for n in ex["lengths"]]
+
+
+def test_probe_prefers_examples_with_a_rationale_and_fills_up_from_the_rest():
+    import numpy as np
+
+    from identifiable_transformers.diagnostics.callback import select_probe_indices
+
+    lengths = np.arange(100) % 30 + 2
+    preferred = np.arange(100) % 10 == 0  # 10 examples have a rationale
+    picked = select_probe_indices(lengths, 16, seed=0, preferred=preferred)
+    assert len(set(picked)) == 16 and set(np.flatnonzero(preferred)) <= set(picked)
+    assert picked == sorted(picked, key=lambda i: (lengths[i], i))
+    few = select_probe_indices(lengths, 5, seed=0, preferred=preferred)
+    assert all(preferred[i] for i in few)
+    # every example preferred (or none given): the plain draw
+    assert select_probe_indices(lengths, 16, seed=3, preferred=np.ones(100, bool)) == select_probe_indices(
+        lengths, 16, seed=3)
+
+
+@pytest.mark.parametrize("progress_bar", [True, False])
+def test_end_of_fit_stage_shows_a_progress_bar_only_when_the_trainer_does(tmp_path, capsys, progress_bar):
+    faith = FaithfulnessCallback(ig_steps=2, adversarial_examples=2, adversarial_steps=3, adversarial_restarts=1,
+                                 random_draws=1)
+    trainer = _fit(tmp_path, faith, progress_bar=progress_bar)
+    err = capsys.readouterr().err
+    assert ("Faithfulness (end of fit)" in err) == progress_bar
+    if progress_bar:  # 2 units for integrated gradients, steps + 2 for the adversarial search: 7 in all
+        assert "7/7" in err
+    assert "val/faith/final/adversarial_tv" in trainer.callback_metrics
+
+
+def test_a_synthetic_task_logs_plausibility_for_every_explainer(make_cfg, tmp_path):
+    """Through train.run on data with rationales (synthetic_order): every explainer's rationale_auprc and
+    rationale_f1 reach metrics.json, every probe example has a rationale, and explanations.json keeps them."""
+    from identifiable_transformers.diagnostics.faithfulness import PLAUSIBILITY_METRICS
+
+    m = run(make_cfg("data=synthetic_order", "data.max_length=32", "test=false"))["metrics"]
+    for e in CHEAP_EXPLAINERS:
+        for metric in PLAUSIBILITY_METRICS:
+            assert 0.0 <= m[f"val/faith/{e}/{metric}"] <= 1.0, (e, metric)
+    assert 0.0 <= m["val/faith/final/integrated_gradients/rationale_auprc"] <= 1.0
+    assert m["val/faith/random/rationale_auprc_std"] >= 0.0
+    ex = json.loads((tmp_path / "run" / "identifiability" / "explanations.json").read_text())
+    assert ex["rationales"] and all(0 < min(r) and max(r) < n for r, n in zip(ex["rationales"], ex["lengths"]))

@@ -63,3 +63,31 @@ def _cache_problem(root: Path) -> str | None:
         if _hash_file(f) != digest:
             return f"{rel} does not match its checksum"
     return None
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path`` or its closest ancestor that exists (where a ``mkdir(parents=True)`` would start)."""
+    path = Path(os.path.abspath(os.path.expanduser(str(path))))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def writable(path: Path) -> bool:
+    """Whether a folder could be created or written at ``path`` by this process (a read-only mount, or
+    permissions, say no; root passes permission bits, as its writes would)."""
+    base = nearest_existing(path)
+    return base.is_dir() and os.access(base, os.W_OK | os.X_OK)
+
+
+def check_buildable(entry: Path, cache_dir: Path, name: str, problem: str) -> None:
+    """A ValueError naming the folder when the cache ``entry`` (to be built because of ``problem``) cannot be
+    written: building into a read-only folder would fail halfway with a raw OSError."""
+    base = nearest_existing(entry.parent)
+    if not base.is_dir():
+        raise ValueError(f"cache_dir={str(cache_dir)!r}: {base} is a file, not a folder. Pass a folder for the "
+                         "tokenized datasets, e.g. paths.cache_dir=~/.cache/identifiable_transformers.")
+    if not writable(base):
+        why = "it is not built yet" if problem == "missing" else f"the cached copy is damaged: {problem}"
+        raise ValueError(f"the tokenized data of {name!r} must be built ({why}), but the cache folder {base} is not "
+                         "writable: pass a writable paths.cache_dir=DIR (or build the cache once where it is writable).")

@@ -25,6 +25,7 @@ from .cache import (  # noqa: F401  (re-exported: tests and callers import them 
     _cache_problem,
     _file_fingerprint,
     _hash_file,
+    check_buildable,
     preparation_version,
 )
 from .rationales import RationaleAccess, rationale_mask
@@ -135,9 +136,15 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
         # checked here, before any data is read; the spec is also part of the cache key
         self.synthetic = SyntheticSpec.from_config(_plain(synthetic)) if source == "synthetic" else None
         self.rationale_field = str(rationale_field) if rationale_field else None
-        for k, v in (("max_length", max_length), ("batch_size", batch_size)):
-            if int(v) < (2 if k == "max_length" else 1):
-                raise ValueError(f"{k}={v} is too small (set data.{k} to a positive value, max_length >= 2).")
+        if int(max_length) < 2:
+            raise ValueError(f"max_length={max_length} is too small: set data.max_length >= 2 (<cls> and a token).")
+        for k, v in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+            if v is not None and int(v) < 1:
+                raise ValueError(f"{k}={v} must be >= 1: set data.{k} to a positive number of examples per device"
+                                 + (" (or null: batch_size)." if k == "eval_batch_size" else ", e.g. 64."))
+        if int(num_workers) < 0:
+            raise ValueError(f"num_workers={num_workers} must be >= 0: set data.num_workers=0 (load in the main "
+                             "process) or a number of worker processes.")
         if num_classes is not None and int(num_classes) < 2:
             raise ValueError(f"num_classes={num_classes} must be >= 2 (or null to infer it from the data).")
         self.name = name
@@ -158,7 +165,7 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
         self.split_seed = int(split_seed)
         self.max_length, self.vocab_size_cap, self.min_frequency = int(max_length), int(vocab_size), int(min_frequency)
         self.batch_size = int(batch_size)
-        self.eval_batch_size = int(eval_batch_size) if eval_batch_size else self.batch_size
+        self.eval_batch_size = int(eval_batch_size) if eval_batch_size is not None else self.batch_size
         self.num_workers, self.length_bucketing, self.pin_memory = int(num_workers), bool(length_bucketing), bool(pin_memory)
         self.cache_dir = Path(os.path.expanduser(str(cache_dir)))
         self.limit_train_examples = int(limit_train_examples) if limit_train_examples else None
@@ -262,6 +269,7 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
             log.info("[%s] using cached tokenized data at %s", self.name, final)
             self._verified = final
             return
+        check_buildable(final, self.cache_dir, self.name, problem)  # a read-only cache is only ever read (above)
         if problem != "missing":
             log.warning("[%s] the cached tokenized data at %s is damaged (%s): rebuilding it", self.name, final, problem)
         final.parent.mkdir(parents=True, exist_ok=True)

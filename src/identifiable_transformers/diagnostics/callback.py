@@ -41,15 +41,25 @@ _LOGGED = {
 }
 
 
-def select_probe_indices(lengths, probe_size: int, seed: int = 0, max_length: int | None = None) -> list[int]:
+def select_probe_indices(lengths, probe_size: int, seed: int = 0, max_length: int | None = None,
+                         preferred=None) -> list[int]:
     """Seeded, length-stratified probe: ``probe_size`` targets evenly spaced over the range of
     eligible lengths, each filled by a random unused example of the nearest available length.
 
     Spreading targets over the *range* (not the data's length distribution) puts probes both below
     and above the identifiable length even when most texts are short. Returns indices sorted by
-    (length, index).
+    (length, index). ``preferred`` (one bool per example, e.g. "has a rationale"): the probe is drawn
+    from the preferred examples, and from the others only when too few are eligible; all True (or
+    None) gives the plain draw.
     """
     lengths = np.asarray(lengths)
+    if preferred is not None:
+        pref = np.asarray(preferred, dtype=bool)
+        cap = max_length or int(lengths.max(initial=0))
+        first = select_probe_indices(np.where(pref, lengths, 0), probe_size, seed, cap)  # length 0: not eligible
+        rest = probe_size - len(first)
+        more = select_probe_indices(np.where(pref, 0, lengths), rest, seed, cap) if rest > 0 else []
+        return sorted(first + more, key=lambda i: (int(lengths[i]), i))
     eligible = np.flatnonzero((lengths >= 1) & (lengths <= (max_length or lengths.max(initial=0))))
     if len(eligible) == 0:
         return []
@@ -211,7 +221,10 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         model = pl_module.model
         cap = self.max_probe_length or min(model.max_len, 2 * model.embed_dim + 2)
         lengths = np.array([len(x) for x in ds["input_ids"]])
-        idx = select_probe_indices(lengths, self.probe_size, self.seed, cap)
+        # docs/faithfulness.md, plausibility: with rationales, the probe prefers examples that have one.
+        rationales = ds["rationale"] if getattr(dm, "has_rationales", False) else None
+        preferred = None if rationales is None else [len(r) > 0 for r in rationales]
+        idx = select_probe_indices(lengths, self.probe_size, self.seed, cap, preferred=preferred)
         if not idx:
             raise RuntimeError(f"no validation example has 1 <= length <= max_probe_length={cap}")
         too_long = int((lengths > cap).sum())
@@ -227,6 +240,8 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         bounds = identifiable_length(model.head_combine, model.embed_dim, model.num_heads, model.value_dim)
         probe = {"indices": idx, "lengths": [int(lengths[i]) for i in idx], "batch": batch, "tokens": tokens,
                  "bounds": bounds, "max_probe_length": cap}
+        if rationales is not None:
+            probe["rationales"] = [[int(j) for j in rationales[i]] for i in idx]
         if trainer.is_global_zero:
             out = self._out_dir(trainer)
             out.mkdir(parents=True, exist_ok=True)

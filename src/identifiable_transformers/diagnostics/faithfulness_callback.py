@@ -3,7 +3,8 @@
 At the end of every ``every_n_epochs``-th validation epoch (never in the sanity check) global rank 0
 scores the cheap explainers on the same fixed probe set as the ``IdentifiabilityCallback`` (its probe
 when that callback is attached, else one drawn with the same ``select_probe_indices`` logic and
-settings), logs ``val/faith/<explainer>/<metric>`` and ``val/faith/uniform_acc_gap``, and writes
+settings), logs ``val/faith/<explainer>/<metric>`` (with ``rationale_auprc`` and ``rationale_f1`` when the data has
+rationales; the random control's ``<metric>_std`` over its draws) and ``val/faith/uniform_acc_gap``, and writes
 ``<identifiability dir>/epoch_XXX/faith_metrics.json``. At the end of fit it writes
 ``explanations.json`` (the last epoch's scores), runs the expensive tier (integrated gradients,
 adversarial attention) and writes ``faithfulness_final.json``; with a ``WandbLogger`` attached it
@@ -25,7 +26,8 @@ import torch
 
 from ..wandb_logging import wandb_loggers
 from .callback import IdentifiabilityCallback
-from .faithfulness import CHEAP_EXPLAINERS, EXPLAINERS, adversarial_attention, faithfulness_report, integrated_gradients
+from .faithfulness import (CHEAP_EXPLAINERS, EXPLAINERS, RANDOM_DRAWS, adversarial_attention, faithfulness_report,
+                           integrated_gradients, rationale_mask)
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,7 @@ class FaithfulnessCallback(pl.Callback):
         explainers: the per-epoch explainers (default: every cheap one, i.e. all but integrated_gradients).
         every_n_epochs: run on epochs where (epoch + 1) % every_n_epochs == 0.
         seed: seed of the ``random`` explainer and of the adversarial search's starts.
+        random_draws: draws of the random control averaged each epoch (their spread is logged as ``_std``).
         probe_size, probe_seed, max_probe_length, output_dir: used only without an IdentifiabilityCallback
             (then they mean what they mean there); with one attached its probe and output dir are used.
         final: run the expensive tier at the end of fit (integrated gradients on the whole probe,
@@ -68,6 +71,7 @@ class FaithfulnessCallback(pl.Callback):
         adversarial_steps: int = 300,
         adversarial_restarts: int = 4,
         adversarial_eps: float = 0.01,
+        random_draws: int = RANDOM_DRAWS,
     ) -> None:
         super().__init__()
         explainers = list(explainers)
@@ -76,11 +80,13 @@ class FaithfulnessCallback(pl.Callback):
             raise ValueError(f"explainers must be a non-empty subset of {list(EXPLAINERS)}; got unknown {unknown}")
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
+        if random_draws < 1:
+            raise ValueError(f"random_draws must be >= 1, got {random_draws}")
         if adversarial_examples < 0 or adversarial_steps < 0 or adversarial_restarts < 1 or adversarial_eps <= 0:
             raise ValueError("adversarial_examples and adversarial_steps must be >= 0, adversarial_restarts >= 1 "
                              "and adversarial_eps > 0")
         self.explainers, self.every_n_epochs, self.seed, self.final = explainers, every_n_epochs, seed, final
-        self.ig_steps = ig_steps
+        self.ig_steps, self.random_draws = ig_steps, random_draws
         self.adversarial = dict(examples=adversarial_examples, steps=adversarial_steps,
                                 restarts=adversarial_restarts, eps=adversarial_eps)
         # Used when no IdentifiabilityCallback is attached: the same probe logic, no plots.
@@ -101,6 +107,13 @@ class FaithfulnessCallback(pl.Callback):
     def _out_dir(self, trainer: pl.Trainer) -> Path:
         return self._ident(trainer)._out_dir(trainer)
 
+    @staticmethod
+    def _rationale_mask(probe: dict[str, Any]):
+        """(B, T) bool mask of the probe's rationale tokens, or None when the data has no rationales."""
+        if probe.get("rationales") is None:
+            return None
+        return rationale_mask(probe["rationales"], probe["batch"]["input_ids"].shape[1])
+
     # ------------------------------------------------------------------------------------ hooks
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._probe(trainer, pl_module)
@@ -114,8 +127,11 @@ class FaithfulnessCallback(pl.Callback):
         t0 = time.perf_counter()
         batch = probe["batch"]
         dev = pl_module.device
+        rationales = self._rationale_mask(probe)
         report = faithfulness_report(pl_module.model, batch["input_ids"].to(dev), batch["attention_mask"].to(dev),
-                                     batch.get("labels"), explainers=self.explainers, seed=self.seed)
+                                     batch.get("labels"), explainers=self.explainers, seed=self.seed,
+                                     rationale_mask=None if rationales is None else rationales.to(dev),
+                                     random_draws=self.random_draws)
         metrics = {f"{PREFIX}/{k}": v for k, v in report["metrics"].items()}
         metrics[f"{PREFIX}/uniform_acc_gap"] = report["uniform_acc_gap"]
         metrics[f"{PREFIX}/compute_s"] = time.perf_counter() - t0
@@ -138,7 +154,8 @@ class FaithfulnessCallback(pl.Callback):
         examples_extra: dict[str, Any] = {}
         if self.final:
             t0 = time.perf_counter()
-            extra, examples_extra = self._expensive(pl_module, probe)
+            shown = trainer.progress_bar_callback is not None  # no bar when the trainer shows none
+            extra, examples_extra = self._expensive(pl_module, probe, show_progress=shown)
             final_metrics.update(extra)
             final_metrics[f"{PREFIX}/final/compute_s"] = time.perf_counter() - t0
         self.final_metrics = final_metrics
@@ -160,7 +177,9 @@ class FaithfulnessCallback(pl.Callback):
         lengths = [int(n) for n in probe["lengths"]]
         ids = probe["batch"]["input_ids"]
         tokens = probe["tokens"] or [[str(int(t)) for t in row] for row in ids]
+        extra = {"rationales": probe["rationales"]} if probe.get("rationales") is not None else {}
         return {
+            **extra,
             "indices": [int(i) for i in probe["indices"]],
             "lengths": lengths,
             "tokens": [list(tokens[i][:n]) for i, n in enumerate(lengths)],
@@ -169,17 +188,37 @@ class FaithfulnessCallback(pl.Callback):
                        ((e, s.detach().cpu()) for e, s in report["scores"].items())},
         }
 
-    def _expensive(self, pl_module: pl.LightningModule, probe: dict[str, Any]) -> tuple[dict, dict]:
-        """Integrated gradients (scores, metrics, convergence delta) and adversarial attention."""
+    def _expensive(self, pl_module: pl.LightningModule, probe: dict[str, Any], show_progress: bool = False
+                   ) -> tuple[dict, dict]:
+        """Integrated gradients (scores, metrics, convergence delta) and adversarial attention.
+
+        This takes minutes on long probes, after the training bar has closed: a progress bar shows it
+        (only when the trainer shows one): one unit for integrated gradients, one for its metrics, then
+        the adversarial search's ``steps + 2``.
+        """
+        from tqdm.auto import tqdm
+
         model, dev = pl_module.model, pl_module.device
+        k = min(self.adversarial["examples"], len(probe["lengths"]))
+        total = 2 + (self.adversarial["steps"] + 2 if k else 0)
+        with tqdm(total=total, desc="Faithfulness (end of fit)", disable=not show_progress, leave=True,
+                  dynamic_ncols=True) as bar:
+            return self._expensive_parts(model, dev, probe, bar)
+
+    def _expensive_parts(self, model, dev, probe: dict[str, Any], bar) -> tuple[dict, dict]:
         batch = probe["batch"]
         ids, mask = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
         metrics: dict[str, float | None] = {}
         examples: dict[str, Any] = {}
         lengths = [int(n) for n in probe["lengths"]]
+        bar.set_postfix_str("integrated gradients")
         ig, delta = integrated_gradients(model, ids, mask, n_steps=self.ig_steps)
+        bar.update(1)
+        rationales = self._rationale_mask(probe)
         rep = faithfulness_report(model, ids, mask, explainers=["integrated_gradients"], seed=self.seed,
-                                  precomputed={"integrated_gradients": ig})
+                                  precomputed={"integrated_gradients": ig},
+                                  rationale_mask=None if rationales is None else rationales.to(dev))
+        bar.update(1)
         for k, v in rep["metrics"].items():
             metrics[f"{PREFIX}/final/{k}"] = _finite(v)
         metrics[f"{PREFIX}/final/integrated_gradients/delta_abs_max"] = float(delta.abs().max())
@@ -189,9 +228,10 @@ class FaithfulnessCallback(pl.Callback):
         if k:
             pos = sorted({int(round(q)) for q in np.linspace(0, len(lengths) - 1, k)})
             sel = torch.tensor(pos, device=dev)
+            bar.set_postfix_str("adversarial attention")
             tv = adversarial_attention(model, ids[sel], mask[sel], eps=self.adversarial["eps"],
                                        steps=self.adversarial["steps"], restarts=self.adversarial["restarts"],
-                                       seed=self.seed).cpu()  # (k, H)
+                                       seed=self.seed, progress=bar.update).cpu()  # (k, H)
             metrics[f"{PREFIX}/final/adversarial_tv"] = float(tv.mean())
             metrics[f"{PREFIX}/final/adversarial_tv_max"] = float(tv.max())
             for h in range(tv.shape[1]):

@@ -5,7 +5,9 @@ length, the witness alternative's TV distance and the check that it reproduces t
 (relative error of A'T vs AT), with raw / effective / witness heatmaps embedded as base64 PNGs
 (also written as PNG files next to the HTML). Under the maps, one token heat-strip per explainer of
 ``faithfulness.faithfulness_report`` with the example's comprehensiveness, sufficiency, tau with
-leave-one-out and decision-flip fraction beside it (docs/faithfulness.md).
+leave-one-out and decision-flip fraction beside it (docs/faithfulness.md). When the examples come with
+rationales (a dataset split that has them), the rationale tokens are underlined on every strip and each
+explainer's rationale_auprc and rationale_f1 join the metrics.
 """
 
 from __future__ import annotations
@@ -30,45 +32,60 @@ th{background:#f3f3f3}td.l,th.l{text-align:left}.ok{color:#17702a;font-weight:60
 .text{background:#f7f7f7;padding:.6em;border-left:3px solid #999;white-space:pre-wrap}
 img{max-width:100%;border:1px solid #ddd}code{background:#f3f3f3;padding:0 3px}
 td.strip{text-align:left;line-height:1.9}.tok{padding:1px 2px;margin:0 1px;border-radius:2px}
+.rat{border-bottom:3px solid #222}
 """
 _STRIP_METRICS = (("comprehensiveness", "compr. ↑"), ("sufficiency", "suff. ↓"), ("tau_loo", "τ with loo ↑"),
                   ("flip_frac", "flip frac. ↓"))
+_RATIONALE_METRICS = (("rationale_auprc", "AUPRC rat. ↑"), ("rationale_f1", "F1 rat. ↑"))
 
 
-def _faithfulness(model, input_ids, attention_mask) -> dict:
+def _faithfulness(model, input_ids, attention_mask, rationale_mask=None) -> dict:
     from .faithfulness import faithfulness_report
 
-    return faithfulness_report(model, input_ids, attention_mask)
+    return faithfulness_report(model, input_ids, attention_mask, rationale_mask=rationale_mask)
 
 
-def heat_strip(tokens: Sequence[str], scores: Sequence[float]) -> str:
-    """Tokens as spans shaded by score / max |score| (red positive, blue negative); the value in data-score."""
+def heat_strip(tokens: Sequence[str], scores: Sequence[float], marked: Sequence[int] = ()) -> str:
+    """Tokens as spans shaded by score / max |score| (red positive, blue negative); the value in data-score.
+
+    Tokens at the ``marked`` indices (the rationale) are underlined and carry data-rationale='1'.
+    """
     top = max((abs(float(x)) for x in scores), default=0.0) or 1.0
+    marked = set(marked)
     spans = []
-    for tok, x in zip(tokens, scores):
+    for i, (tok, x) in enumerate(zip(tokens, scores)):
         a = abs(float(x)) / top
         rgb = "214,39,40" if x >= 0 else "31,119,180"
-        spans.append(f"<span class='tok' data-score='{float(x):.6g}' title='{float(x):.4g}' "
+        mark = " rat' data-rationale='1" if i in marked else ""
+        spans.append(f"<span class='tok{mark}' data-score='{float(x):.6g}' title='{float(x):.4g}' "
                      f"style='background:rgba({rgb},{a:.3f})'>{html.escape(tok)}</span>")
     return "".join(spans)
 
 
-def _faithfulness_rows(faith: dict, b: int, tokens: Sequence[str], n: int) -> tuple[str, dict]:
-    """The example's strips table (tokens 1..n-1: position 0, <cls>, is never scored) and its JSON record."""
+def _faithfulness_rows(faith: dict, b: int, tokens: Sequence[str], n: int,
+                       rationale: Sequence[int] | None = None) -> tuple[str, dict]:
+    """The example's strips table (tokens 1..n-1: position 0, <cls>, is never scored) and its JSON record.
+
+    ``rationale``: the example's rationale positions (into its tokens), underlined on every strip.
+    """
     record = {"metrics": {}, "scores": {}}
+    columns = _STRIP_METRICS + (_RATIONALE_METRICS if rationale is not None else ())
+    marked = [j - 1 for j in rationale or () if 1 <= j < n]  # strip index = position - 1
     rows = []
     for e, s in faith["scores"].items():
         values = [float(x) for x in s[b, 1:n]]
-        metrics = {m: float(faith["per_example"][f"{e}/{m}"][b]) for m, _ in _STRIP_METRICS
+        metrics = {m: float(faith["per_example"][f"{e}/{m}"][b]) for m, _ in columns
                    if f"{e}/{m}" in faith["per_example"]}
         metrics = {m: v if math.isfinite(v) else None for m, v in metrics.items()}  # tau is undefined for n < 3
         record["scores"][e], record["metrics"][e] = [0.0, *values], metrics
         cells = "".join(f"<td>{metrics[m]:.3f}</td>" if metrics.get(m) is not None else "<td>n/a</td>"
-                        for m, _ in _STRIP_METRICS)
+                        for m, _ in columns)
         rows.append(f"<tr data-explainer='{html.escape(e)}'><th class='l'>{html.escape(e)}</th>"
-                    f"<td class='strip'>{heat_strip(list(tokens)[1:n], values)}</td>{cells}</tr>")
+                    f"<td class='strip'>{heat_strip(list(tokens)[1:n], values, marked)}</td>{cells}</tr>")
+    if rationale is not None:
+        record["rationale"] = [int(j) for j in rationale]
     head = "<tr><th class='l'>explainer</th><th class='l'>tokens 1..n−1</th>" + "".join(
-        f"<th>{label}</th>" for _, label in _STRIP_METRICS) + "</tr>"
+        f"<th>{label}</th>" for _, label in columns) + "</tr>"
     return "<table class='faith'>" + head + "".join(rows) + "</table>", record
 
 
@@ -101,12 +118,15 @@ def build_report(
     meta: dict[str, Any] | None = None,
     key_aware: bool = False,
     faithfulness: bool = True,
+    rationales: Sequence[Sequence[int]] | None = None,
 ) -> Path:
     """Write ``report.html`` (images embedded), ``example{i}.png`` and ``report.json``; return the HTML path.
 
     ``tokens[i]`` are example i's real-token strings; ``key_aware`` adds the docs/identifiability.md 2.5 count of
     alternatives the head itself could generate (dense Jacobians: slow beyond ~40 tokens); ``faithfulness``
-    adds the explainers' heat-strips and per-example metrics (docs/faithfulness.md).
+    adds the explainers' heat-strips and per-example metrics (docs/faithfulness.md); ``rationales[i]`` (token
+    positions into example i, from a dataset split that has rationales) underlines them on the strips and
+    adds the plausibility metrics.
     """
     from .plots import figure_to_png, plot_attention_maps
 
@@ -121,7 +141,12 @@ def build_report(
     ka = key_aware_alternative_dims(model, input_ids, attention_mask) if key_aware else None
     bounds = identifiable_length(model.head_combine, model.embed_dim, model.num_heads, model.value_dim)
     B, L, H = rep["null_dim"].shape
-    faith = _faithfulness(model, input_ids, attention_mask) if faithfulness else None
+    rationale_mask = None
+    if rationales is not None:
+        from .faithfulness import rationale_mask as to_mask
+
+        rationale_mask = to_mask(rationales, input_ids.shape[1])
+    faith = _faithfulness(model, input_ids, attention_mask, rationale_mask) if faithfulness else None
     faith_records = []
 
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
@@ -188,13 +213,17 @@ def build_report(
         parts.append(f"<img alt='attention maps of example {b}' src='data:image/png;base64,"
                      f"{base64.b64encode(png).decode()}'>")
         if faith is not None:
-            table, record = _faithfulness_rows(faith, b, tokens[b], n)
+            table, record = _faithfulness_rows(faith, b, tokens[b], n,
+                                               None if rationales is None else rationales[b])
             parts.append("<h3>Token explanations and their faithfulness</h3><p>Each token shaded by the explainer's "
                          "score relative to its largest |score| (red positive, blue negative; hover for the value). "
                          "compr. = drop in p(prediction) when the top tokens are removed (higher is more faithful); "
                          "suff. = drop when only they are kept (lower); τ = Kendall τ-b with leave-one-out; flip "
                          "frac. = share of tokens removed in the explainer's order before the prediction changes "
-                         "(lower). AOPC over 1, 5, 10, 20, 50% of the tokens; see docs/faithfulness.md.</p>" + table)
+                         "(lower). AOPC over 1, 5, 10, 20, 50% of the tokens; see docs/faithfulness.md."
+                         + (" <span class='rat'>Underlined</span> tokens are the dataset's rationale; AUPRC and F1 "
+                            "rat. score each explainer against it (higher is more plausible)."
+                            if rationales is not None else "") + "</p>" + table)
             faith_records.append({"example": b, **record})
     parts.append("</body></html>")
     path = out / "report.html"

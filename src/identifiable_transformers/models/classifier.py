@@ -130,7 +130,9 @@ class TransformerClassifier(nn.Module):
         super().__init__()
         _check_choice("positional", positional, POSITIONALS)
         _check_choice("pooling", pooling, POOLINGS)
-        for name, value in (("vocab_size", vocab_size), ("num_classes", num_classes), ("num_layers", num_layers),
+        # embed_dim and num_heads first: the embedding's init divides by embed_dim before the attention checks them
+        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads),
+                            ("vocab_size", vocab_size), ("num_classes", num_classes), ("num_layers", num_layers),
                             ("ffn_dim", ffn_dim), ("max_len", max_len)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")

@@ -210,3 +210,21 @@ def test_key_aware_lengths_random_heads_and_margins_are_tabulated(tmp_path, caps
     with pytest.raises(SystemExit) as exit_:
         main([str(tmp_path), "--key-aware-lengths", "16,abc"])
     assert exit_.value.code == 1 and "Error: argument --key-aware-lengths" in capsys.readouterr().err
+
+
+def test_design_comparison_is_a_welch_test_per_key_size():
+    from scipy import stats
+
+    from identifiable_transformers.report.faithfulness import design_comparison
+
+    add, concat = [0.70, 0.74, 0.72], [0.60, 0.61, 0.65]
+    rows = [{"data": "synthetic_order", "key_dim": 2, "head_combine": combine, "seed": s,
+             "faith/attention/comprehensiveness": v, "uniform_acc_gap": 0.5}
+            for combine, vals in (("add", add), ("concat", concat)) for s, v in enumerate(vals)]
+    d = design_comparison(pd.DataFrame(rows)).set_index(["explainer", "metric"])
+    r = d.loc[("attention", "comprehensiveness")]
+    assert r["difference"] == pytest.approx(statistics.mean(add) - statistics.mean(concat))
+    assert r["welch_p"] == pytest.approx(stats.ttest_ind(add, concat, equal_var=False).pvalue)
+    ci = stats.ttest_ind(add, concat, equal_var=False).confidence_interval(0.95)
+    assert (r["ci95_low"], r["ci95_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    assert d.loc[("-", "uniform_acc_gap"), "difference"] == 0.0 and d.loc[("-", "uniform_acc_gap"), "welch_p"] == 1.0

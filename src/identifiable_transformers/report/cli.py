@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 
 from ..cli import ensure_output_dir, user_error_message
-from .faithfulness import faithfulness_table, seed_agreement
+from .faithfulness import design_comparison, faithfulness_table, seed_agreement
 from .key_aware import KEY_AWARE_LENGTHS, default_cache_dir, ensure_key_aware, key_aware_lengths, key_aware_table
 from .markdown import markdown_table
 from .plots import plot, plot_key_aware
@@ -56,6 +56,17 @@ def _lengths(text: str) -> tuple[int, ...]:
     return lengths
 
 
+def _designs_markdown(d) -> str:
+    lines = ["Identifiable (add) minus baseline (concat), over seeds: difference of means, Welch 95% CI, p-value.", "",
+             "| data | key_dim | explainer | metric | identifiable | baseline | difference | 95% CI | Welch p | seeds |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for _, r in d.iterrows():
+        lines.append(f"| {r['data']} | {r['key_dim']} | {r['explainer']} | {r['metric']} | {r['identifiable']:.3f} | "
+                     f"{r['baseline']:.3f} | {r['difference']:+.3f} | [{r['ci95_low']:+.3f}, {r['ci95_high']:+.3f}] | "
+                     f"{r['welch_p']:.3g} | {r['seeds']} |")
+    return "\n".join(lines) + "\n"
+
+
 def _report(args: argparse.Namespace) -> None:
     runs = load_runs(args.sweep_dir)
     failed = failed_jobs(args.sweep_dir)
@@ -73,6 +84,11 @@ def _report(args: argparse.Namespace) -> None:
     if faith is not None:
         faith.to_csv(out / "faithfulness.csv", index=False)
         (out / "faithfulness.md").write_text(markdown_table(faith, GROUP + ["explainer"]))
+        designs = design_comparison(runs)
+        if designs is not None:
+            designs.to_csv(out / "faithfulness_designs.csv", index=False)
+            (out / "faithfulness_designs.md").write_text(_designs_markdown(designs))
+            written += [out / "faithfulness_designs.md", out / "faithfulness_designs.csv"]
         agreement, notes = seed_agreement(runs)
         written += [out / "faithfulness.md", out / "faithfulness.csv"]
         if agreement is not None:

@@ -13,8 +13,8 @@ import pandas as pd
 
 from .runs import GROUP
 
-FAITH_KEY = re.compile(r"^val/faith/([a-z_]+)/(comprehensiveness|sufficiency|tau_loo|flip_frac)$")
-FAITH_METRICS = ("comprehensiveness", "sufficiency", "tau_loo", "flip_frac")
+FAITH_METRICS = ("comprehensiveness", "sufficiency", "tau_loo", "flip_frac", "rationale_auprc", "rationale_f1")
+FAITH_KEY = re.compile(rf"^val/faith/([a-z_]+)/({'|'.join(FAITH_METRICS)})$")
 EXPLAINER_ORDER = ("attention", "effective", "norm", "rollout", "grad_input", "integrated_gradients", "loo", "random")
 # Explainers whose scores are non-negative, so that renormalised they are distributions over the tokens.
 DISTRIBUTION_EXPLAINERS = ("attention", "norm", "rollout")
@@ -29,7 +29,8 @@ def _faith_column(runs: pd.DataFrame, explainer: str, metric: str) -> str | None
 
 
 def faithfulness_table(runs: pd.DataFrame) -> pd.DataFrame | None:
-    """Mean ± std over seeds of every explainer's comprehensiveness, sufficiency, tau_loo and flip_frac."""
+    """Mean ± std over seeds of every explainer's comprehensiveness, sufficiency, tau_loo and flip_frac, and
+    on data with rationales its plausibility (rationale_auprc, rationale_f1); n/a where a run did not log one."""
     found = {m.group(1) for c in runs.columns if (m := FAITH_KEY.match("val/" + c.replace("faith/final/", "faith/")))}
     if not found:
         return None
@@ -47,6 +48,40 @@ def faithfulness_table(runs: pd.DataFrame) -> pd.DataFrame | None:
             row["runs"] = n
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def design_comparison(runs: pd.DataFrame) -> pd.DataFrame | None:
+    """Identifiable (add) minus baseline (concat) per dataset, key size, explainer and metric, over seeds:
+    the difference of means, its Welch 95% confidence interval and the Welch test's p-value.
+
+    ``uniform_acc_gap`` (is attention needed?) is compared the same way, as explainer ``-``. Rows need at
+    least two seeds of each design."""
+    from scipy import stats
+
+    cols = [(e, m, _faith_column(runs, e, m)) for e in EXPLAINER_ORDER for m in FAITH_METRICS]
+    cols = [c for c in cols if c[2] is not None]
+    if "uniform_acc_gap" in runs:
+        cols.append(("-", "uniform_acc_gap", "uniform_acc_gap"))
+    if not cols or set(runs["head_combine"]) < {"add", "concat"}:
+        return None
+    rows = []
+    for (data, key_dim), g in runs.groupby(["data", "key_dim"]):
+        add, concat = g[g["head_combine"] == "add"], g[g["head_combine"] == "concat"]
+        for e, m, col in cols:
+            a, b = add[col].dropna().to_numpy(float), concat[col].dropna().to_numpy(float)
+            if len(a) < 2 or len(b) < 2:
+                continue
+            va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+            diff, se = a.mean() - b.mean(), float(np.sqrt(va + vb))
+            if se > 0:
+                dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+                half, p = float(stats.t.ppf(0.975, dof)) * se, float(2 * stats.t.sf(abs(diff) / se, dof))
+            else:
+                half, p = 0.0, (1.0 if diff == 0 else 0.0)
+            rows.append({"data": data, "key_dim": key_dim, "explainer": e, "metric": m,
+                         "identifiable": a.mean(), "baseline": b.mean(), "difference": diff,
+                         "ci95_low": diff - half, "ci95_high": diff + half, "welch_p": p, "seeds": f"{len(a)}/{len(b)}"})
+    return pd.DataFrame(rows) if rows else None
 
 
 def js_divergence(p: np.ndarray, q: np.ndarray) -> float:

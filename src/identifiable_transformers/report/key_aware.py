@@ -3,9 +3,9 @@
 For each run's best checkpoint the report takes, per target length n (``KEY_AWARE_LENGTHS`` or
 ``--key-aware-lengths``), one validation example at least n tokens long, cut to n, and counts per head
 the alternatives the head itself could produce (``generatable_alternative_dim``, exact and structured).
-Beside every trained head it counts a *matched random head*: Gaussian Q, K and T of the same shapes,
-each scaled to the trained one's Frobenius norm, so that the logits have the same size and attention is
-as peaked or as flat. Results go to ``<run>/identifiability/key_aware.json``; the table is per
+Beside every trained head it counts a *matched random head*: Gaussian Q, K and T of the same shapes (T
+with the trained T's rank, its value size), each scaled to the trained one's Frobenius norm, so that the
+logits have the same size and attention is as peaked or as flat. Results go to ``<run>/identifiability/key_aware.json``; the table is per
 configuration and length, with the key-aware identifiable length (the longest n with no alternative).
 """
 
@@ -43,8 +43,11 @@ def key_aware_counts(model, input_ids, attention_mask, random_heads: bool = True
     out = {k: [[[None] * H for _ in range(L)] for _ in range(B)] for k in keys}
     g = torch.Generator().manual_seed(seed)
 
-    def matched(x):
-        r = torch.randn(x.shape, generator=g, dtype=x.dtype)
+    def matched(x, rank=None):
+        # Gaussian, same Frobenius norm; T keeps its rank (T = V W_o has rank <= value_dim < d in the baseline,
+        # and only col(T) matters), so that the random head has the trained one's d_v.
+        shape = x.shape if rank is None else (x.shape[0], rank)
+        r = torch.randn(shape, generator=g, dtype=x.dtype)
         return r * (x.norm() / r.norm())
 
     for l in range(L):
@@ -57,7 +60,8 @@ def key_aware_counts(model, input_ids, attention_mask, random_heads: bool = True
                 out["margin"][b][l][h] = _finite(res["margin"])
                 out["method"][b][l][h] = res["method"]
                 if random_heads:
-                    rnd = generatable_alternative_dim(matched(Q), matched(K), matched(T))
+                    rank = int(torch.linalg.matrix_rank(T))
+                    rnd = generatable_alternative_dim(matched(Q), matched(K), matched(T, rank))
                     out["random_alternative_dim"][b][l][h] = rnd["alternative_dim"]
                     out["random_margin"][b][l][h] = _finite(rnd["margin"])
     return {**out, "lengths": lengths}

@@ -313,23 +313,17 @@ def _structured(Q: Tensor, K: Tensor, A: Tensor, T: Tensor) -> dict[str, Any]:
         a = A[lo : lo + _ROW_CHUNK]  # (c, n)
         c = a.shape[0]
         B = a[:, :, None] * (T[None] - AT[lo : lo + _ROW_CHUNK, None, :])  # (c, n, d)
-        U, s, _ = torch.linalg.svd(B, full_matrices=False)  # U (c, n, k), k = min(n, d)
-        r_b = torch.full((c,), d, dtype=torch.long)
+        U, s, _ = torch.linalg.svd(B, full_matrices=False)  # U (c, n, d): d <= n - 1 columns, all of rank
         if d:  # how far the smallest (structurally nonzero) singular value sits above the tolerance
             margins.append(float((s[:, -1] / (s[:, 0] * max(n, d) * _EPS)).min()))
-        k = U.shape[-1]
-        dead = torch.arange(k)[None] >= r_b[:, None]  # (c, k) columns beyond rank(B_i)
-        U = U * (~dead)[:, None, :].to(_F64)
-        # Null vectors of C_Kc^T U_i within the live columns: append identity rows on the dead ones
-        # (they are orthogonal to the zeroed columns, singular value 1, well clear of the tolerance).
-        M = torch.cat([Ckc.T[None].expand(c, -1, -1) @ U, torch.diag_embed(dead.to(_F64))], dim=1)
-        _, sm, Vh = torch.linalg.svd(M, full_matrices=True)  # Vh (c, k, k)
-        rho, _, m_g = _svd_rank(sm, M.shape[1], k)
+        # g_i = rank(C_Kc^T U_i) (U_i is orthogonal to 1); its null vectors span Z_i
+        _, sm, Vh = torch.linalg.svd(Ckc.T[None].expand(c, -1, -1) @ U, full_matrices=True)  # Vh (c, d, d)
+        g, _, m_g = _svd_rank(sm, Ckc.shape[1], d)
         margins.append(float(m_g.min()))
-        g_sum += int((rho - dead.sum(1)).sum())
-        null = torch.arange(k)[None] >= rho[:, None]  # (c, k) right singular vectors spanning the null space
+        g_sum += int(g.sum())
+        null = torch.arange(d)[None] >= g[:, None]  # (c, d) right singular vectors spanning the null space
         null &= live_q[lo : lo + _ROW_CHUNK, None]  # a zero query gives no equation
-        Z = U @ (Vh.transpose(1, 2) * null[:, None, :].to(_F64))  # (c, n, k), orthonormal live columns
+        Z = U @ (Vh.transpose(1, 2) * null[:, None, :].to(_F64))  # (c, n, d), orthonormal live columns
         Zs.append(Nk.T[None] @ Z)  # (c, p, k)
         lives.append(null)
     key = _key_system_rank(torch.cat(Zs), qn, torch.cat(lives))
@@ -342,7 +336,6 @@ def _structured(Q: Tensor, K: Tensor, A: Tensor, T: Tensor) -> dict[str, Any]:
         "method": "structured",
         "tol": key["tol"],
         "margin": min(margins),
-        "margins": margins,
         "key_system": {k: key[k] for k in ("shape", "how", "rank")},
     }
 

@@ -81,7 +81,7 @@ def main() -> None:
                 s = run(n, dk, 16, "structured", a.repeats, a.threads)
                 print(f"{n:>4} {dk:>4} {16:>4} {n * n * 2 * n * dk:>10} {d['s']:>9.4f} {s['s']:>13.4f}", flush=True)
         return
-    ns = (32, 64) if a.quick else (64, 128, 256, 512)
+    ns = (16, 32) if a.quick else (64, 128, 256, 512)
     shapes = [(2, 16), (8, 16)] if a.quick else [(dk, dv) for dk in (2, 8, 16) for dv in (16, 64)]
     print(f"structured key-aware count per head: median of {a.repeats} fresh processes, {a.threads} threads")
     print(f"{'n':>4} {'d_k':>4} {'d_v':>4} {'alt':>6} {'key system':>10} {'margin':>9} {'time s':>8} {'peak MB':>8} "

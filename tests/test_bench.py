@@ -22,5 +22,5 @@ def test_bench_key_aware_quick_runs_both_paths_and_checks_the_goals():
                           "--threads", "1"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "all goals met" in out.stdout or "goals missed" in out.stdout
-    rows = [line.split() for line in out.stdout.splitlines() if line.strip().startswith(("32 ", "64 "))]
+    rows = [line.split() for line in out.stdout.splitlines() if line.strip().startswith(("16 ", "32 "))]
     assert len(rows) == 4 and all(r[7] != "-" for r in rows)  # the dense path ran beside (it asserts equal counts)

@@ -39,6 +39,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+# identifiability.py re-exports this module at its end, after these are defined, so the import is not circular.
+from .identifiability import _rank_from_singular_values, _with_ones_column
+
 _F64 = torch.float64
 _EPS = torch.finfo(_F64).eps
 # "auto" takes the dense path where J (n^2 x 2 n d_k entries) has at most this many entries. Measured
@@ -57,10 +60,8 @@ def _svd_rank(s: Tensor, rows: int, cols: int) -> tuple[Tensor, Tensor, Tensor]:
     margin = min(s_r / tol, tol / s_{r+1}): the distance, as a ratio, of the closest singular value
     to the threshold (inf when there is none on one side).
     """
-    smax = s[..., 0] if s.shape[-1] else s.new_zeros(s.shape[:-1])
-    tol = smax * max(rows, cols) * _EPS
+    rank, tol = _rank_from_singular_values(s, rows, cols)  # the rule every rank of the package uses
     keep = s > tol.unsqueeze(-1)
-    rank = keep.sum(-1)
     inf = torch.full_like(tol, math.inf)
     if s.shape[-1]:
         above = torch.where(keep, s, math.inf).min(-1).values
@@ -83,8 +84,7 @@ def _split_ones(M: Tensor) -> tuple[Tensor, Tensor, int, float]:
     """
     n = M.shape[0]
     smax = torch.linalg.svdvals(M)[0] if M.numel() else M.new_zeros(())
-    c = float(smax) / math.sqrt(n) if smax > 0 else 1.0
-    U, s, _ = torch.linalg.svd(torch.cat([M, M.new_full((n, 1), c)], dim=1), full_matrices=True)
+    U, s, _ = torch.linalg.svd(_with_ones_column(M, smax), full_matrices=True)
     r, _, margin = _svd_rank(s, n, M.shape[1] + 1)
     r = int(r)
     ones = M.new_full((n, 1), 1.0 / math.sqrt(n))

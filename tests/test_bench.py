@@ -24,3 +24,12 @@ def test_bench_key_aware_quick_runs_both_paths_and_checks_the_goals():
     assert "all goals met" in out.stdout or "goals missed" in out.stdout
     rows = [line.split() for line in out.stdout.splitlines() if line.strip().startswith(("16 ", "32 "))]
     assert len(rows) == 4 and all(r[7] != "-" for r in rows)  # the dense path ran beside (it asserts equal counts)
+
+
+def test_gpu_check_runs_its_checks_on_the_cpu():
+    """The GPU check's comparisons (against a float64 per-head loop) hold on the CPU too: its logic is sound."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--cpu"], capture_output=True,
+                         text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "24 passed, 0 failed" in out.stdout
+    assert out.stdout.count("PASS ") == 24 and "FAIL" not in out.stdout

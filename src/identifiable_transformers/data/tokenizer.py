@@ -1,4 +1,4 @@
-"""Word-level tokenizer (Hugging Face ``tokenizers``) and batch encoding helpers.
+r"""Word-level tokenizer (Hugging Face ``tokenizers``) and batch encoding helpers.
 
 The tokenizer lower-cases (after NFKC normalisation and replacing HTML line breaks),
 splits on whitespace and punctuation (``\w+`` and ``[^\w\s]+`` runs), and keeps at most ``vocab_size`` words seen at

@@ -53,7 +53,7 @@ def _plain(x: Any) -> Any:
 
 
 class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
-    """Text classification data: see ``docs/_readme_data.md`` for the full description."""
+    """Text classification data: see ``docs/data.md`` for the full description."""
 
     def __init__(
         self,

@@ -171,3 +171,15 @@ def test_synthetic_settings_are_checked_at_construction_and_keyed(tmp_path):
     b = TextDataModule.from_name("synthetic_order", cache_dir=str(tmp_path),
                                  synthetic={**a.synthetic.as_dict(), "seed": 1})
     assert a.cache_path() != b.cache_path()
+
+
+def test_rationale_mask_marks_the_positions_and_refuses_any_outside_the_width():
+    from identifiable_transformers.data.rationales import rationale_mask
+    from identifiable_transformers.diagnostics.faithfulness import rationale_mask as faith_mask
+
+    assert faith_mask is rationale_mask  # one definition for the batches and the diagnostics
+    expected = torch.tensor([[False, True, False, True], [False, False, False, False]])
+    assert torch.equal(rationale_mask([[1, 3], []], 4), expected)
+    for bad in ([4], [-1]):  # -1 would otherwise mark the last token
+        with pytest.raises(ValueError, match=rf"rationale positions \[{bad[0]}\] of example 1 are outside its 4 tokens"):
+            rationale_mask([[1], bad], 4)

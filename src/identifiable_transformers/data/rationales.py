@@ -5,7 +5,8 @@ text (of the first text field when there are several; it comes first in the join
 an example without a rationale. After tokenization a rationale is a list of token positions into that
 example's ``input_ids``: every token whose character span overlaps a rationale word, found through the
 tokenizer's offsets; ``<cls>`` (position 0) never is, and tokens cut by ``max_length`` are left out.
-Batches carry it as ``rationale_mask`` (bool, B x T). See /work/notes/RATIONALE_INTERFACE.md.
+Batches carry it as ``rationale_mask`` (bool, B x T); the faithfulness diagnostics score explanations against it
+(docs/faithfulness.md, plausibility).
 """
 
 from __future__ import annotations
@@ -97,11 +98,15 @@ def encode_with_rationales(tok, texts: Sequence[str], words: Sequence[Sequence[i
 
 
 def rationale_mask(rationales: Sequence[Sequence[int]], width: int) -> torch.Tensor:
-    """(B, width) bool, True at each row's rationale positions (the batch's padded width)."""
+    """(B, width) bool, True at each row's rationale positions (the batch's padded width); a position outside
+    ``[0, width)`` is an error (a negative one would silently mark a token from the end)."""
     mask = torch.zeros(len(rationales), width, dtype=torch.bool)
     for i, r in enumerate(rationales):
-        if len(r):
-            mask[i, torch.as_tensor(list(r), dtype=torch.long)] = True
+        positions = [int(j) for j in r]
+        bad = [j for j in positions if not 0 <= j < width]
+        if bad:
+            raise ValueError(f"rationale positions {bad} of example {i} are outside its {width} tokens")
+        mask[i, positions] = True
     return mask
 
 

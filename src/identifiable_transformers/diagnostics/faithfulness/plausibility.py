@@ -15,20 +15,10 @@ import torch
 from torch import Tensor
 from torchmetrics.functional.classification import binary_f1_score
 
+from ...data.rationales import rationale_mask  # noqa: F401  (the batches' mask; re-exported for the explainers' API)
 from ._common import _order, _scorable, _top_masks
 
 PLAUSIBILITY_METRICS = ("rationale_auprc", "rationale_f1")
-
-
-def rationale_mask(rationales, width: int) -> Tensor:
-    """Token positions per example (list of lists, the data's ``rationale`` column) -> (B, width) bool mask."""
-    out = torch.zeros(len(rationales), width, dtype=torch.bool)
-    for b, positions in enumerate(rationales):
-        bad = [int(j) for j in positions if not 0 <= int(j) < width]
-        if bad:
-            raise ValueError(f"rationale positions {bad} of example {b} are outside its {width} tokens")
-        out[b, [int(j) for j in positions]] = True
-    return out
 
 
 def average_precision(scores: Tensor, target: Tensor, valid: Tensor) -> Tensor:

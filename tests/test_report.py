@@ -228,3 +228,24 @@ def test_design_comparison_is_a_welch_test_per_key_size():
     ci = stats.ttest_ind(add, concat, equal_var=False).confidence_interval(0.95)
     assert (r["ci95_low"], r["ci95_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
     assert d.loc[("-", "uniform_acc_gap"), "difference"] == 0.0 and d.loc[("-", "uniform_acc_gap"), "welch_p"] == 1.0
+
+
+def test_design_comparison_pools_key_sizes_into_one_welch_test_per_dataset():
+    from scipy import stats
+
+    from identifiable_transformers.report.faithfulness import design_comparison
+
+    values = {("add", 1): [0.70, 0.74, 0.72], ("add", 64): [0.50, 0.52, 0.49],
+              ("concat", 1): [0.60, 0.61, 0.65], ("concat", 64): [0.55, 0.58, 0.54]}
+    rows = [{"data": "imdb_offline", "key_dim": k, "head_combine": combine, "seed": s, "test_acc": 0.8 + v / 10,
+             "faith/attention/comprehensiveness": v} for (combine, k), vals in values.items() for s, v in enumerate(vals)]
+    d = design_comparison(pd.DataFrame(rows), pool_key_sizes=True).set_index(["explainer", "metric"])
+    assert set(d["key_dim"]) == {"all"} and set(d["seeds"]) == {"6/6"}
+    add, concat = values[("add", 1)] + values[("add", 64)], values[("concat", 1)] + values[("concat", 64)]
+    r = d.loc[("attention", "comprehensiveness")]
+    assert r["welch_p"] == pytest.approx(stats.ttest_ind(add, concat, equal_var=False).pvalue)
+    assert (r["identifiable_std"], r["baseline_std"]) == (pytest.approx(statistics.stdev(add)),
+                                                          pytest.approx(statistics.stdev(concat)))
+    acc = d.loc[("-", "test_acc")]  # per-run scalars are compared too
+    assert acc["difference"] == pytest.approx((statistics.mean(add) - statistics.mean(concat)) / 10)
+    assert len(design_comparison(pd.DataFrame(rows))) == 2 * 2  # per key size: 2 key sizes x 2 metrics

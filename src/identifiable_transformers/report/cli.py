@@ -13,6 +13,8 @@ import sys
 import warnings
 from pathlib import Path
 
+import pandas as pd
+
 from ..cli import ensure_output_dir, user_error_message
 from .faithfulness import design_comparison, faithfulness_table, seed_agreement
 from .key_aware import KEY_AWARE_LENGTHS, default_cache_dir, ensure_key_aware, key_aware_lengths, key_aware_table
@@ -56,14 +58,18 @@ def _lengths(text: str) -> tuple[int, ...]:
     return lengths
 
 
-def _designs_markdown(d) -> str:
-    lines = ["Identifiable (add) minus baseline (concat), over seeds: difference of means, Welch 95% CI, p-value.", "",
-             "| data | key_dim | explainer | metric | identifiable | baseline | difference | 95% CI | Welch p | seeds |",
+def _designs_markdown(pooled, per_key) -> str:
+    lines = ["Identifiable (add) minus baseline (concat): mean ± std of each design's runs, difference of means, "
+             "Welch 95% CI, p-value. First every key size pooled (key_dim `all`: each run one sample), then per key "
+             "size (over seeds). Explainer `-`: per-run scalars.", "",
+             "| data | key_dim | explainer | metric | identifiable | baseline | difference | 95% CI | Welch p | runs |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for _, r in d.iterrows():
-        lines.append(f"| {r['data']} | {r['key_dim']} | {r['explainer']} | {r['metric']} | {r['identifiable']:.3f} | "
-                     f"{r['baseline']:.3f} | {r['difference']:+.3f} | [{r['ci95_low']:+.3f}, {r['ci95_high']:+.3f}] | "
-                     f"{r['welch_p']:.3g} | {r['seeds']} |")
+    for d in (pooled, per_key):
+        for _, r in d.iterrows():
+            lines.append(f"| {r['data']} | {r['key_dim']} | {r['explainer']} | {r['metric']} | "
+                         f"{r['identifiable']:.3f} ± {r['identifiable_std']:.3f} | {r['baseline']:.3f} ± "
+                         f"{r['baseline_std']:.3f} | {r['difference']:+.3f} | [{r['ci95_low']:+.3f}, "
+                         f"{r['ci95_high']:+.3f}] | {r['welch_p']:.3g} | {r['seeds']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -86,8 +92,10 @@ def _report(args: argparse.Namespace) -> None:
         (out / "faithfulness.md").write_text(markdown_table(faith, GROUP + ["explainer"]))
         designs = design_comparison(runs)
         if designs is not None:
+            designs = pd.concat([design_comparison(runs, pool_key_sizes=True), designs], ignore_index=True)
             designs.to_csv(out / "faithfulness_designs.csv", index=False)
-            (out / "faithfulness_designs.md").write_text(_designs_markdown(designs))
+            pooled = designs["key_dim"].astype(str) == "all"
+            (out / "faithfulness_designs.md").write_text(_designs_markdown(designs[pooled], designs[~pooled]))
             written += [out / "faithfulness_designs.md", out / "faithfulness_designs.csv"]
         agreement, notes = seed_agreement(runs)
         written += [out / "faithfulness.md", out / "faithfulness.csv"]

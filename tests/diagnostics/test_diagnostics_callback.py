@@ -225,5 +225,11 @@ def test_key_aware_examples_span_the_lengths_up_to_max_length():
     assert [n for _, n in chosen] == [512, 128, 32]
     assert all(lengths[i] >= n for i, n in chosen) and len({i for i, _ in chosen}) == 3
     assert select_key_aware_examples([10, 30, 20], 2, 512) == [(1, 30), (2, 20)]  # none long enough: longest, whole
+    # the report's picks (the same function): a target no unused example reaches is left out, not filled
+    from identifiable_transformers.diagnostics.key_aware_probe import pick_examples
+
+    picked = pick_examples([10, 30, 20, 64], [64, 32, 16, 8, 8, 8])
+    assert [n for _, n in picked] == [64, 16, 8, 8] and picked[0] == (3, 64)
+    assert len({i for i, _ in picked}) == 4 and all([10, 30, 20, 64][i] >= n for i, n in picked)
     with pytest.raises(ValueError, match="key_aware_every_n_epochs"):
         IdentifiabilityCallback(key_aware_every_n_epochs=0)

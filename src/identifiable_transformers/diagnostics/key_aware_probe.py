@@ -30,29 +30,36 @@ def key_aware_targets(k: int, max_length: int, min_length: int = 8) -> list[int]
     return targets
 
 
-def select_key_aware_examples(lengths: Sequence[int], k: int, max_length: int, seed: int = 0) -> list[tuple[int, int]]:
-    """(index, length) pairs: for each target, a seeded example at least that long, cut to it.
+def pick_examples(lengths: Sequence[int], targets: Sequence[int], seed: int = 0,
+                  longest_whole: bool = False) -> list[tuple[int, int]]:
+    """(index, n) per target n: a seeded example at least n tokens long, not picked before, cut to n.
 
-    Where no example reaches a target, the longest remaining one is taken whole. Examples are not
-    reused.
+    A target that no remaining example reaches is left out (the report), or with ``longest_whole`` takes the
+    longest remaining example whole (the callback, which wants its examples however short the data is).
     """
     lengths = np.asarray(lengths)
     rng = np.random.default_rng(seed)
     used: set[int] = set()
     chosen = []
-    for target in key_aware_targets(k, max_length):
+    for target in targets:
         pool = [int(i) for i in np.flatnonzero(lengths >= target) if int(i) not in used]
         if pool:
-            i = int(rng.choice(pool))
-            chosen.append((i, target))
-        else:
+            i, n = int(rng.choice(pool)), int(target)
+        elif longest_whole:
             rest = [int(i) for i in np.argsort(-lengths, kind="stable") if int(i) not in used]
             if not rest:
                 break
-            i = rest[0]
-            chosen.append((i, int(lengths[i])))
+            i, n = rest[0], int(lengths[rest[0]])
+        else:
+            continue
+        chosen.append((i, n))
         used.add(i)
     return chosen
+
+
+def select_key_aware_examples(lengths: Sequence[int], k: int, max_length: int, seed: int = 0) -> list[tuple[int, int]]:
+    """The callback's examples: ``pick_examples`` over ``key_aware_targets(k, max_length)``, longest whole."""
+    return pick_examples(lengths, key_aware_targets(k, max_length), seed, longest_whole=True)
 
 
 def key_aware_batch(rows: Sequence[dict[str, Any]], cut: Sequence[int], pad_id: int) -> dict[str, torch.Tensor]:

@@ -76,18 +76,6 @@ def default_cache_dir() -> str:
     return os.environ.get("IDT_CACHE_DIR", "~/.cache/identifiable_transformers")
 
 
-def pick_examples(lengths, targets, seed: int = 0) -> list[tuple[int, int]]:
-    """(index, n) per target n: a seeded example at least n tokens long (cut to n); targets no example reaches are left out."""
-    rng = np.random.default_rng(seed)
-    lengths = np.asarray(lengths)
-    picked: list[tuple[int, int]] = []
-    for t in targets:
-        pool = [int(i) for i in np.flatnonzero(lengths >= t) if int(i) not in {p for p, _ in picked}]
-        if pool:
-            picked.append((int(rng.choice(pool)), int(t)))
-    return picked
-
-
 def _probe_batch(module, targets=KEY_AWARE_LENGTHS, cache: dict | None = None, cache_dir: str | None = None,
                  what: str = "checkpoint"):
     """Validation examples at the target lengths, rebuilt from the checkpoint's data settings (as plain
@@ -95,7 +83,7 @@ def _probe_batch(module, targets=KEY_AWARE_LENGTHS, cache: dict | None = None, c
     import torch
 
     from ..checkpoint import CheckpointError, data_module_from_checkpoint
-    from ..diagnostics.key_aware_probe import key_aware_batch
+    from ..diagnostics.key_aware_probe import key_aware_batch, pick_examples
 
     data_cfg = module.hparams.get("data_cfg")
     if not data_cfg:

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from identifiable_transformers.diagnostics import key_aware
-from identifiable_transformers.diagnostics.key_aware import generatable_alternative_dim, key_aware_alternative_dims
+from identifiable_transformers.diagnostics.key_aware import generatable_alternative_dim
+from identifiable_transformers.diagnostics.key_aware_heads import key_aware_alternative_dims
 from identifiable_transformers.models import TransformerClassifier
 
 F64 = torch.float64
@@ -45,7 +46,7 @@ def _random(n, dk, dv, g):
 def test_structured_count_equals_dense_ranks_on_random_heads():
     g = torch.Generator().manual_seed(0)
     cases = [
-        (f"random", *_random(n, dk, dv, g))
+        ("random", *_random(n, dk, dv, g))
         for n in (3, 5, 8, 13, 21)
         for dk in (1, 2, 3, 5, 8)
         for dv in (1, 2, 4, 7, 16)

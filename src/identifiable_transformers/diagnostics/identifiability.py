@@ -340,4 +340,5 @@ from .internals import (  # noqa: E402
     identifiability_from_internals,
     value_output_matrices,
 )
-from .key_aware import generatable_alternative_dim, key_aware_alternative_dims  # noqa: E402
+from .key_aware import generatable_alternative_dim  # noqa: E402
+from .key_aware_heads import key_aware_alternative_dims  # noqa: E402

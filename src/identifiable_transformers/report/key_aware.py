@@ -34,7 +34,8 @@ def key_aware_counts(model, input_ids, attention_mask, random_heads: bool = True
     """
     import torch
 
-    from ..diagnostics.key_aware import generatable_alternative_dim, head_inputs
+    from ..diagnostics.key_aware import generatable_alternative_dim
+    from ..diagnostics.key_aware_heads import head_inputs, head_systems
 
     heads = head_inputs(model, input_ids, attention_mask)
     B, L, H = heads["shape"]
@@ -50,20 +51,17 @@ def key_aware_counts(model, input_ids, attention_mask, random_heads: bool = True
         r = torch.randn(shape, generator=g, dtype=x.dtype)
         return r * (x.norm() / r.norm())
 
-    for l in range(L):
-        for b, n in enumerate(lengths):
-            for h in range(H):
-                Q, K, T = heads["q"][l][b, :n, h], heads["k"][l][b, :n, h], heads["T"][b, l, h, :n]
-                res = generatable_alternative_dim(Q, K, T)
-                for k in COUNTS:
-                    out[k][b][l][h] = res[k]
-                out["margin"][b][l][h] = _finite(res["margin"])
-                out["method"][b][l][h] = res["method"]
-                if random_heads:
-                    rank = int(torch.linalg.matrix_rank(T))
-                    rnd = generatable_alternative_dim(matched(Q), matched(K), matched(T, rank))
-                    out["random_alternative_dim"][b][l][h] = rnd["alternative_dim"]
-                    out["random_margin"][b][l][h] = _finite(rnd["margin"])
+    for b, l, h, Q, K, T in head_systems(heads):
+        res = generatable_alternative_dim(Q, K, T)
+        for k in COUNTS:
+            out[k][b][l][h] = res[k]
+        out["margin"][b][l][h] = _finite(res["margin"])
+        out["method"][b][l][h] = res["method"]
+        if random_heads:
+            rank = int(torch.linalg.matrix_rank(T))
+            rnd = generatable_alternative_dim(matched(Q), matched(K), matched(T, rank))
+            out["random_alternative_dim"][b][l][h] = rnd["alternative_dim"]
+            out["random_margin"][b][l][h] = _finite(rnd["margin"])
     return {**out, "lengths": lengths}
 
 

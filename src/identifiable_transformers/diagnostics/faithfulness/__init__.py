@@ -25,11 +25,12 @@ per-example seeded random order), ``adversarial`` (the search and the simplex pr
 masked copies run) and ``_common`` (shared helpers).
 """
 
+from ...data.rationales import rationale_mask  # the batches' mask, one definition for data and diagnostics
 from .adversarial import adversarial_attention, project_simplex
 from .agreement import kendall_tau_b
 from .erasure import AOPC_BINS
 from .explainers import CHEAP_EXPLAINERS, EXPLAINERS, explain, integrated_gradients
-from .plausibility import PLAUSIBILITY_METRICS, average_precision, plausibility_metrics, rationale_mask
+from .plausibility import PLAUSIBILITY_METRICS, average_precision, plausibility_metrics
 from .random_control import RANDOM_DRAWS, random_draws, random_scores
 from .report import METRICS, faithfulness_report
 from .uniform import uniform_attention_logits

@@ -15,7 +15,6 @@ import torch
 from torch import Tensor
 from torchmetrics.functional.classification import binary_f1_score
 
-from ...data.rationales import rationale_mask  # noqa: F401  (the batches' mask; re-exported for the explainers' API)
 from ._common import _order, _scorable, _top_masks
 
 PLAUSIBILITY_METRICS = ("rationale_auprc", "rationale_f1")

@@ -91,3 +91,27 @@ def read_only(monkeypatch):
     for folder in marked:
         for p in [folder, *folder.rglob("*")]:
             p.chmod(p.stat().st_mode | stat.S_IWUSR)
+
+
+@pytest.fixture
+def run_analyze():
+    """analyze.py's main on its composed config with these overrides; the undecorated function, so a user
+    mistake raises instead of exiting."""
+    def run(overrides: list[str]):
+        import sys
+
+        sys.path.insert(0, str(ROOT))
+        try:
+            import analyze
+        finally:
+            sys.path.remove(str(ROOT))
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+                cfg = compose(config_name="analyze", overrides=overrides)
+            return analyze.main.__wrapped__(cfg)
+        finally:
+            GlobalHydra.instance().clear()
+
+    return run
+

@@ -6,38 +6,21 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
 from identifiable_transformers.cli import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _analyze(overrides):
-    sys.path.insert(0, str(ROOT))
-    try:
-        import analyze
-    finally:
-        sys.path.remove(str(ROOT))
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            cfg = compose(config_name="analyze", overrides=overrides)
-        return analyze.main.__wrapped__(cfg)
-    finally:
-        GlobalHydra.instance().clear()
-
-
 @pytest.mark.parametrize("where, says", [("file", "is a file, not a folder"), ("under_a_file", "cannot be created")])
-def test_output_dir_naming_a_file_is_refused_before_the_checkpoint_is_read(tmp_path, where, says):
+def test_output_dir_naming_a_file_is_refused_before_the_checkpoint_is_read(tmp_path, where, says, run_analyze):
     taken = tmp_path / "report.html"
     taken.write_text("keep me")
     out = taken if where == "file" else taken / "sub"
     ckpt = tmp_path / "not_read.ckpt"
     ckpt.write_bytes(b"never loaded: the output folder is checked first")
     with pytest.raises(UserError, match=f"^output_dir={out} {says}"):
-        _analyze([f"ckpt_path={ckpt}", "text=a fine film", f"output_dir={out}"])
+        run_analyze([f"ckpt_path={ckpt}", "text=a fine film", f"output_dir={out}"])
     assert taken.read_text() == "keep me"
 
 

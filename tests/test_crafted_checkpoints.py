@@ -64,21 +64,6 @@ def _sweep(root: Path, ckpt: Path, data_cfg: dict) -> Path:
     return root / "sweep"
 
 
-def _analyze(overrides):
-    sys.path.insert(0, str(ROOT))
-    try:
-        import analyze
-    finally:
-        sys.path.remove(str(ROOT))
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            cfg = compose(config_name="analyze", overrides=overrides)
-        return analyze.main.__wrapped__(cfg)
-    finally:
-        GlobalHydra.instance().clear()
-
-
 LOOKALIKE = "identifiable_transformers.data_evil.TextDataModule"  # the right prefix and class name
 
 
@@ -131,11 +116,11 @@ def test_report_never_runs_a_target_a_checkpoint_names(crafted, genuine, tmp_pat
     assert (tmp_path / "out" / "results.md").is_file()  # the rest of the report is still written
 
 
-def test_analyze_never_runs_a_target_a_checkpoint_names(crafted, genuine, tmp_path, cache_dir):
+def test_analyze_never_runs_a_target_a_checkpoint_names(crafted, genuine, tmp_path, cache_dir, run_analyze):
     data_cfg, target, marker = crafted
     ckpt = _sweep(tmp_path, genuine[0], data_cfg) / "0" / "checkpoints" / "epoch_000.ckpt"
     with pytest.raises(CheckpointError, match=rf"_target_='{re.escape(target)}', not .*never run.*text=\.\.\."):
-        _analyze([f"ckpt_path={ckpt}", "split=validation", f"output_dir={tmp_path / 'out'}",
+        run_analyze([f"ckpt_path={ckpt}", "split=validation", f"output_dir={tmp_path / 'out'}",
                   f"paths.cache_dir={cache_dir}"])
     assert not marker.exists()
 

@@ -191,21 +191,6 @@ def test_best_checkpoint_damaged_after_training_is_refused_at_test(make_cfg, tmp
 
 
 # ----------------------------------------------------------------------------- analyze.py
-def _analyze(overrides):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    sys.path.insert(0, str(ROOT))
-    try:
-        import analyze
-    finally:
-        sys.path.remove(str(ROOT))
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="analyze", overrides=overrides)
-    return analyze.main.__wrapped__(cfg)
-
-
 def _with_data_cfg(src: Path, dst: Path, **changes) -> Path:
     ckpt = torch.load(src, map_location="cpu", weights_only=True)
     ckpt["hyper_parameters"]["data_cfg"] = {**ckpt["hyper_parameters"]["data_cfg"], **changes}
@@ -213,23 +198,23 @@ def _with_data_cfg(src: Path, dst: Path, **changes) -> Path:
     return dst
 
 
-def test_analyze_never_runs_a_target_named_by_a_checkpoint(trained, tmp_path):
+def test_analyze_never_runs_a_target_named_by_a_checkpoint(trained, tmp_path, run_analyze):
     _, ckpts = trained
     pwned = tmp_path / "pwned"
     crafted = _with_data_cfg(ckpts / "last.ckpt", tmp_path / "crafted.ckpt",
                              _target_="builtins.open", file=str(pwned), mode="w")
     assert torch.load(crafted, weights_only=True)  # passes weights_only loading
     with pytest.raises(ValueError, match="builtins.open"):
-        _analyze([f"ckpt_path={crafted}", "split=validation", f"output_dir={tmp_path / 'out'}",
+        run_analyze([f"ckpt_path={crafted}", "split=validation", f"output_dir={tmp_path / 'out'}",
                   f"paths.cache_dir={tmp_path / 'cache'}"])
     assert not pwned.exists()
 
 
-def test_analyze_uses_its_own_cache_dir(trained, tmp_path):
+def test_analyze_uses_its_own_cache_dir(trained, tmp_path, run_analyze):
     _, ckpts = trained
     elsewhere = _with_data_cfg(ckpts / "last.ckpt", tmp_path / "elsewhere.ckpt", cache_dir="/nonexistent/training/cache")
     cache = tmp_path / "analyze_cache"
-    path = _analyze([f"ckpt_path={elsewhere}", "split=validation", "num_examples=2", f"output_dir={tmp_path / 'out'}",
+    path = run_analyze([f"ckpt_path={elsewhere}", "split=validation", "num_examples=2", f"output_dir={tmp_path / 'out'}",
                      f"paths.cache_dir={cache}"])
     assert Path(path).is_file() and list(cache.rglob("meta.json"))
     assert not Path("/nonexistent/training/cache").exists()

@@ -15,10 +15,10 @@ import random
 from functools import cached_property
 
 import lightning.pytorch as pl
-from lightning.pytorch.plugins.precision import MixedPrecision
 import numpy as np
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import MixedPrecision
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 

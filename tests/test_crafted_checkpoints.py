@@ -121,7 +121,7 @@ def test_analyze_never_runs_a_target_a_checkpoint_names(crafted, genuine, tmp_pa
     ckpt = _sweep(tmp_path, genuine[0], data_cfg) / "0" / "checkpoints" / "epoch_000.ckpt"
     with pytest.raises(CheckpointError, match=rf"_target_='{re.escape(target)}', not .*never run.*text=\.\.\."):
         run_analyze([f"ckpt_path={ckpt}", "split=validation", f"output_dir={tmp_path / 'out'}",
-                  f"paths.cache_dir={cache_dir}"])
+                     f"paths.cache_dir={cache_dir}"])
     assert not marker.exists()
 
 

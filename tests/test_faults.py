@@ -206,7 +206,7 @@ def test_analyze_never_runs_a_target_named_by_a_checkpoint(trained, tmp_path, ru
     assert torch.load(crafted, weights_only=True)  # passes weights_only loading
     with pytest.raises(ValueError, match="builtins.open"):
         run_analyze([f"ckpt_path={crafted}", "split=validation", f"output_dir={tmp_path / 'out'}",
-                  f"paths.cache_dir={tmp_path / 'cache'}"])
+                     f"paths.cache_dir={tmp_path / 'cache'}"])
     assert not pwned.exists()
 
 
@@ -214,8 +214,8 @@ def test_analyze_uses_its_own_cache_dir(trained, tmp_path, run_analyze):
     _, ckpts = trained
     elsewhere = _with_data_cfg(ckpts / "last.ckpt", tmp_path / "elsewhere.ckpt", cache_dir="/nonexistent/training/cache")
     cache = tmp_path / "analyze_cache"
-    path = run_analyze([f"ckpt_path={elsewhere}", "split=validation", "num_examples=2", f"output_dir={tmp_path / 'out'}",
-                     f"paths.cache_dir={cache}"])
+    path = run_analyze([f"ckpt_path={elsewhere}", "split=validation", "num_examples=2",
+                        f"output_dir={tmp_path / 'out'}", f"paths.cache_dir={cache}"])
     assert Path(path).is_file() and list(cache.rglob("meta.json"))
     assert not Path("/nonexistent/training/cache").exists()
 

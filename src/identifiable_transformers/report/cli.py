@@ -90,12 +90,11 @@ def _report(args: argparse.Namespace) -> None:
     if faith is not None:
         faith.to_csv(out / "faithfulness.csv", index=False)
         (out / "faithfulness.md").write_text(markdown_table(faith, GROUP + ["explainer"]))
-        designs = design_comparison(runs)
-        if designs is not None:
-            designs = pd.concat([design_comparison(runs, pool_key_sizes=True), designs], ignore_index=True)
-            designs.to_csv(out / "faithfulness_designs.csv", index=False)
-            pooled = designs["key_dim"].astype(str) == "all"
-            (out / "faithfulness_designs.md").write_text(_designs_markdown(designs[pooled], designs[~pooled]))
+        per_key = design_comparison(runs)
+        if per_key is not None:  # then every dataset with a comparison per key size has a pooled one too
+            pooled = design_comparison(runs, pool_key_sizes=True)
+            pd.concat([pooled, per_key], ignore_index=True).to_csv(out / "faithfulness_designs.csv", index=False)
+            (out / "faithfulness_designs.md").write_text(_designs_markdown(pooled, per_key))
             written += [out / "faithfulness_designs.md", out / "faithfulness_designs.csv"]
         agreement, notes = seed_agreement(runs)
         written += [out / "faithfulness.md", out / "faithfulness.csv"]

@@ -53,7 +53,7 @@ def _split_batch(cfg: DictConfig, module):
     them, examples with one preferred, else None.
     """
     from identifiable_transformers.checkpoint import data_module_from_checkpoint
-    from identifiable_transformers.diagnostics.callback import select_probe_indices
+    from identifiable_transformers.diagnostics.callbacks.identifiability import select_probe_indices
 
     if cfg.split not in _SPLITS:
         raise ValueError(f"split={cfg.split!r} is unknown; use one of {list(_SPLITS)}")
@@ -82,7 +82,7 @@ def _split_batch(cfg: DictConfig, module):
 @hydra.main(version_base="1.3", config_path="conf", config_name="analyze")
 @exit_on_user_error
 def main(cfg: DictConfig) -> str:
-    from identifiable_transformers.diagnostics.report_html import build_report, tokens_for_batch
+    from identifiable_transformers.diagnostics.render.report_html import build_report, tokens_for_batch
     from identifiable_transformers.lit_module import TextClassifier
 
     ckpt = Path(str(cfg.ckpt_path)).expanduser()

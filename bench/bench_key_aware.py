@@ -33,7 +33,7 @@ _CHILD = r"""
 import json, resource, sys, time, torch
 args = json.loads(sys.argv[1])
 torch.set_num_threads(args["threads"])
-from identifiable_transformers.diagnostics import key_aware
+from identifiable_transformers.diagnostics.maths import key_aware
 if args["fallback"]:
     key_aware._certify_full_rank = lambda *a: None
 g = torch.Generator().manual_seed(0)
@@ -118,7 +118,7 @@ def epoch_share(repeats: int) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_diagnostics import VOCAB, _batch, _lengths, train_epoch
 
-    from identifiable_transformers.diagnostics.key_aware_probe import (key_aware_batch, key_aware_metrics,
+    from identifiable_transformers.diagnostics.callbacks.key_aware_probe import (key_aware_batch, key_aware_metrics,
                                                                        select_key_aware_examples)
     from identifiable_transformers.models import TransformerClassifier
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from identifiable_transformers.diagnostics.identifiability import key_aware_alternative_dims
+from identifiable_transformers.diagnostics.maths import key_aware_alternative_dims
 from identifiable_transformers.models import TransformerClassifier
 from identifiable_transformers.report import js_divergence, key_aware_counts, main
 

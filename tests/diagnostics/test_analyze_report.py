@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
-from identifiable_transformers.diagnostics.report_html import build_report, tokens_for_batch
+from identifiable_transformers.diagnostics.render.report_html import build_report, tokens_for_batch
 from identifiable_transformers.lit_module import TextClassifier
 from identifiable_transformers.models import TransformerClassifier
 
@@ -167,7 +167,7 @@ def test_report_has_a_heat_strip_per_explainer_with_the_attention_row(tmp_path):
 
 
 def test_report_strip_shading_and_metrics_beside_it(tmp_path, monkeypatch):
-    from identifiable_transformers.diagnostics import report_html
+    from identifiable_transformers.diagnostics.render import report_html
 
     tok = _tokenizer()
     model = TransformerClassifier(tok.get_vocab_size(), 2, embed_dim=8, num_heads=2, positional="sinusoidal").eval()

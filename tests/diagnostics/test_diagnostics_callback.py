@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from torch.utils.data import DataLoader
 
-from identifiable_transformers.diagnostics.callback import IdentifiabilityCallback, select_probe_indices
+from identifiable_transformers.diagnostics.callbacks.identifiability import IdentifiabilityCallback, select_probe_indices
 from identifiable_transformers.models import TransformerClassifier
 
 VOCAB = 60
@@ -216,7 +216,7 @@ def test_key_aware_count_per_epoch_or_at_the_end_of_fit(tmp_path, every):
 
 
 def test_key_aware_examples_span_the_lengths_up_to_max_length():
-    from identifiable_transformers.diagnostics.key_aware_probe import key_aware_targets, select_key_aware_examples
+    from identifiable_transformers.diagnostics.callbacks.key_aware_probe import key_aware_targets, select_key_aware_examples
 
     assert key_aware_targets(3, 512) == [512, 128, 32]
     assert key_aware_targets(4, 20) == [20, 8]
@@ -226,7 +226,7 @@ def test_key_aware_examples_span_the_lengths_up_to_max_length():
     assert all(lengths[i] >= n for i, n in chosen) and len({i for i, _ in chosen}) == 3
     assert select_key_aware_examples([10, 30, 20], 2, 512) == [(1, 30), (2, 20)]  # none long enough: longest, whole
     # the report's picks (the same function): a target no unused example reaches is left out, not filled
-    from identifiable_transformers.diagnostics.key_aware_probe import pick_examples
+    from identifiable_transformers.diagnostics.callbacks.key_aware_probe import pick_examples
 
     picked = pick_examples([10, 30, 20, 64], [64, 32, 16, 8, 8, 8])
     assert [n for _, n in picked] == [64, 16, 8, 8] and picked[0] == (3, 64)

@@ -12,9 +12,9 @@ import torch.nn.functional as nnF
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
-from identifiable_transformers.diagnostics.callback import IdentifiabilityCallback
+from identifiable_transformers.diagnostics.callbacks.identifiability import IdentifiabilityCallback
 from identifiable_transformers.diagnostics.faithfulness import CHEAP_EXPLAINERS, METRICS
-from identifiable_transformers.diagnostics.faithfulness_callback import FaithfulnessCallback
+from identifiable_transformers.diagnostics.callbacks.faithfulness import FaithfulnessCallback
 from identifiable_transformers.models import TransformerClassifier
 from identifiable_transformers.training import run
 
@@ -166,7 +166,7 @@ def test_rationales_reach_the_probe_and_the_plausibility_metrics(tmp_path):
 def test_probe_prefers_examples_with_a_rationale_and_fills_up_from_the_rest():
     import numpy as np
 
-    from identifiable_transformers.diagnostics.callback import select_probe_indices
+    from identifiable_transformers.diagnostics.callbacks.identifiability import select_probe_indices
 
     lengths = np.arange(100) % 30 + 2
     preferred = np.arange(100) % 10 == 0  # 10 examples have a rationale

@@ -13,9 +13,9 @@ import math
 import pytest
 import torch
 
-from identifiable_transformers.diagnostics import key_aware
-from identifiable_transformers.diagnostics.key_aware import generatable_alternative_dim
-from identifiable_transformers.diagnostics.key_aware_heads import key_aware_alternative_dims
+from identifiable_transformers.diagnostics.maths import key_aware
+from identifiable_transformers.diagnostics.maths.key_aware import generatable_alternative_dim
+from identifiable_transformers.diagnostics.maths.key_aware_heads import key_aware_alternative_dims
 from identifiable_transformers.models import TransformerClassifier
 
 F64 = torch.float64

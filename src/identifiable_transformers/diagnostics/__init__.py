@@ -1,19 +1,25 @@
-"""Identifiability diagnostics of attention (docs/identifiability.md section 2).
+"""Identifiability and faithfulness diagnostics of attention (docs/diagnostics.md).
 
-The maths lives in ``identifiability`` (pure torch). ``plots`` (matplotlib), ``callback``
-(Lightning) and ``report_html`` are imported lazily so that ``import
-identifiable_transformers.diagnostics`` stays light.
+The sub-packages, lowest first; each imports only the ones before it:
+
+    maths/         null spaces, effective attention, the key-aware count, model internals (pure torch)
+    faithfulness/  token explanations and their faithfulness and plausibility metrics (torch, Captum)
+    render/        what draws: matplotlib figures and the HTML report
+    callbacks/     the Lightning callbacks and their probe selection
+
+The maths is this package's public API (``from identifiable_transformers.diagnostics import null_dim``).
+The callbacks are imported lazily so that ``import identifiable_transformers.diagnostics`` stays light.
 """
 
-from . import identifiability
-from .identifiability import *  # noqa: F403 - the maths is the package's public API
+from . import maths
+from .maths import *  # noqa: F403 - the maths is the package's public API
 
-__all__ = [*identifiability.__all__, "IdentifiabilityCallback"]
+__all__ = [*maths.__all__, "FaithfulnessCallback", "IdentifiabilityCallback"]
 
 
 def __getattr__(name):
-    if name == "IdentifiabilityCallback":
-        from .callback import IdentifiabilityCallback
+    if name in ("IdentifiabilityCallback", "FaithfulnessCallback"):
+        from . import callbacks
 
-        return IdentifiabilityCallback
+        return getattr(callbacks, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

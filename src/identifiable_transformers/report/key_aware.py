@@ -34,8 +34,8 @@ def key_aware_counts(model, input_ids, attention_mask, random_heads: bool = True
     """
     import torch
 
-    from ..diagnostics.key_aware import generatable_alternative_dim
-    from ..diagnostics.key_aware_heads import head_inputs, head_systems
+    from ..diagnostics.maths.key_aware import generatable_alternative_dim
+    from ..diagnostics.maths.key_aware_heads import head_inputs, head_systems
 
     heads = head_inputs(model, input_ids, attention_mask)
     B, L, H = heads["shape"]
@@ -81,7 +81,7 @@ def _probe_batch(module, targets=KEY_AWARE_LENGTHS, cache: dict | None = None, c
     import torch
 
     from ..checkpoint import CheckpointError, data_module_from_checkpoint
-    from ..diagnostics.key_aware_probe import key_aware_batch, pick_examples
+    from ..diagnostics.callbacks.key_aware_probe import key_aware_batch, pick_examples
 
     data_cfg = module.hparams.get("data_cfg")
     if not data_cfg:

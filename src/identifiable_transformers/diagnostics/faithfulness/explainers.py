@@ -7,7 +7,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ..identifiability import effective_attention
+from ..maths.nullspace import effective_attention
 from ._common import _eval_with_grad, _finish, _inputs, _logits, _pooled_rows, _scorable
 from .random_control import random_scores
 from .readout import _masked_probs

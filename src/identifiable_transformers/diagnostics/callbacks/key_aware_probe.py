@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .key_aware_heads import key_aware_alternative_dims
+from ..maths.key_aware_heads import key_aware_alternative_dims
 
 PREFIX = "val/ident"
 

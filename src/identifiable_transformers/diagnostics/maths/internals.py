@@ -1,6 +1,6 @@
 """From a model's attention internals to the identifiability report (docs/identifiability.md section 2).
 
-The per-matrix maths lives in identifiability.py; this module runs a TransformerClassifier's
+The per-matrix maths lives in nullspace.py; this module runs a TransformerClassifier's
 ``attention_internals``, forms each head's value-output matrix T = V W_o^h on the real tokens, and
 groups examples by length so that T is never padded.
 """
@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from .identifiability import _EPS, _F64, HEAD_METRICS, _joint_null_dims, analyse_heads
+from .nullspace import _EPS, _F64, HEAD_METRICS, _joint_null_dims, analyse_heads
 
 def value_output_matrices(internals: Sequence[Any]) -> tuple[Tensor, Tensor]:
     """Stack (attention [B, L, H, T, T], value-output T [B, L, H, T, d]) in float64 on CPU.

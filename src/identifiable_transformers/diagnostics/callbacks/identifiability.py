@@ -22,9 +22,9 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from ..wandb_logging import log_epoch_media, logged_step, wandb_loggers
-from .callback_media import IdentifiabilityMedia, _render, attention_image  # noqa: F401 (re-exported)
-from .identifiability import attention_identifiability, identifiable_length
+from ...wandb_logging import log_epoch_media, logged_step, wandb_loggers
+from .media import IdentifiabilityMedia, _render, attention_image  # noqa: F401 (re-exported)
+from ..maths import attention_identifiability, identifiable_length
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from ..wandb_logging import wandb_loggers
-from .callback import IdentifiabilityCallback
-from .faithfulness import (CHEAP_EXPLAINERS, EXPLAINERS, RANDOM_DRAWS, adversarial_attention, faithfulness_report,
+from ...wandb_logging import wandb_loggers
+from .identifiability import IdentifiabilityCallback
+from ..faithfulness import (CHEAP_EXPLAINERS, EXPLAINERS, RANDOM_DRAWS, adversarial_attention, faithfulness_report,
                            integrated_gradients, rationale_mask)
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,7 @@
-"""Identifiability of attention weights: the linear algebra of docs/identifiability.md section 2.
+"""Null spaces of attention: the linear algebra of docs/identifiability.md section 2 (the bottom layer).
 
-Everything here is pure tensor maths (no Lightning, no plotting). The central object, per
+Everything here is pure tensor maths on A and T (no model, no Lightning, no plotting); nothing here
+imports another module of the package. The central object, per
 example b, layer l and head h, is the head's *value-output matrix* on the example's real tokens
 
     T = V[:n] @ W_o^h                      # (n, d); n = real length of example b
@@ -13,13 +14,10 @@ never padded, because pad rows would inflate the null space -- and ranks use the
 tolerance ``sigma_max * max(n, d) * eps`` of ``torch.linalg.matrix_rank``; the tolerance used is
 returned with every result.
 
-Entry points:
-    attention_identifiability(model, input_ids, attention_mask) -> dict of [B, L, H] tensors
-    attention_maps(model, input_ids, attention_mask)            -> raw / effective / witness maps
-    identifiable_length(head_combine, embed_dim, num_heads, ...) -> theoretical length bounds
-    generatable_alternative_dim(Q, K, T)                         -> key-aware check, section 2.5
-and the per-matrix building blocks (``null_dim``, ``stochastic_null_dim``,
-``effective_attention``, ``alternative_attention``) that take A and T directly.
+Entry points: the per-matrix building blocks (``null_dim``, ``stochastic_null_dim``,
+``effective_attention``, ``alternative_attention``, ``analyse_heads``) that take A and T directly,
+and ``identifiable_length`` (theoretical length bounds). The model-level report is in
+``internals.py``, the key-aware count (section 2.5) in ``key_aware.py``.
 """
 
 from __future__ import annotations
@@ -34,18 +32,12 @@ __all__ = [
     "HEAD_METRICS",
     "analyse_heads",
     "alternative_attention",
-    "attention_identifiability",
-    "attention_maps",
     "effective_attention",
-    "generatable_alternative_dim",
-    "identifiability_from_internals",
     "identifiable_length",
-    "key_aware_alternative_dims",
     "matrix_rank",
     "model_identifiable_length",
     "null_dim",
     "stochastic_null_dim",
-    "value_output_matrices",
 ]
 
 # Per-head quantities returned by ``attention_identifiability`` with shape [B, L, H].
@@ -329,16 +321,3 @@ def model_identifiable_length(model: torch.nn.Module) -> dict[str, int]:
     """``identifiable_length`` for a TransformerClassifier's resolved configuration."""
     return identifiable_length(model.head_combine, model.embed_dim, model.num_heads, model.value_dim)
 
-
-# The model-level report (internals.py) and the key-aware count of 2.5 (key_aware.py) build on the
-# maths above; they are re-exported here so that one import serves every entry point.
-from .internals import (  # noqa: E402
-    _lengths_from_mask,
-    _run_internals,
-    attention_identifiability,
-    attention_maps,
-    identifiability_from_internals,
-    value_output_matrices,
-)
-from .key_aware import generatable_alternative_dim  # noqa: E402
-from .key_aware_heads import key_aware_alternative_dims  # noqa: E402

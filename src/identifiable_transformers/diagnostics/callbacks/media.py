@@ -14,8 +14,8 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 
-from ..wandb_logging import log_epoch_media, logged_step, wandb_loggers
-from .identifiability import attention_identifiability
+from ...wandb_logging import log_epoch_media, logged_step, wandb_loggers
+from ..maths import attention_identifiability
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class IdentifiabilityMedia:
 
 def _render(job: dict[str, Any]) -> dict[str, Any]:
     """Draw and save one epoch's figures (runs in the plot thread: touches no trainer state)."""
-    from .plots import plot_attention_maps, plot_null_dim_vs_length, save_figure
+    from ..render.plots import plot_attention_maps, plot_null_dim_vs_length, save_figure
 
     out, epoch, cfg = job["out"], job["epoch"], job["model"]
     fig = plot_null_dim_vs_length(

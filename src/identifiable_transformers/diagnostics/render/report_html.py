@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .identifiability import attention_identifiability, identifiable_length, key_aware_alternative_dims
+from ..maths import attention_identifiability, identifiable_length, key_aware_alternative_dims
 
 __all__ = ["build_report", "tokens_for_batch"]
 
@@ -40,7 +40,7 @@ _RATIONALE_METRICS = (("rationale_auprc", "AUPRC rat. ↑"), ("rationale_f1", "F
 
 
 def _faithfulness(model, input_ids, attention_mask, rationale_mask=None) -> dict:
-    from .faithfulness import faithfulness_report
+    from ..faithfulness import faithfulness_report
 
     return faithfulness_report(model, input_ids, attention_mask, rationale_mask=rationale_mask)
 
@@ -143,7 +143,7 @@ def build_report(
     B, L, H = rep["null_dim"].shape
     rationale_mask = None
     if rationales is not None:
-        from .faithfulness import rationale_mask as to_mask
+        from ..faithfulness import rationale_mask as to_mask
 
         rationale_mask = to_mask(rationales, input_ids.shape[1])
     faith = _faithfulness(model, input_ids, attention_mask, rationale_mask) if faithfulness else None

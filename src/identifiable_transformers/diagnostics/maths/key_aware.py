@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 # identifiability.py re-exports this module at its end, after these are defined, so the import is not circular.
-from .identifiability import _rank_from_singular_values, _with_ones_column
+from .nullspace import _rank_from_singular_values, _with_ones_column, stochastic_null_dim
 
 _F64 = torch.float64
 _EPS = torch.finfo(_F64).eps
@@ -244,7 +244,6 @@ def generatable_alternative_dim(
             "attention underflows to exactly 0 for some token pairs: the head is not smooth there and "
             "the local count is undefined (scale the logits down or drop those tokens)"
         )
-    from .identifiability import stochastic_null_dim
 
     key_agnostic = n * int(stochastic_null_dim(T))
     if method == "dense" or (method == "auto" and n * n * 2 * n * dk <= DENSE_MAX_ELEMENTS):

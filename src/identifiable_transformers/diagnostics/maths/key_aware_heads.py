@@ -12,6 +12,7 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
+from .internals import _lengths_from_mask, _run_internals, value_output_matrices
 from .key_aware import _F64, generatable_alternative_dim
 
 
@@ -21,8 +22,6 @@ def head_inputs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tenso
     Queries and keys are captured with forward hooks on each layer's ``attn.q_proj`` / ``attn.k_proj``
     while ``attention_internals`` runs (eval mode, no gradients), in float64 on the CPU.
     """
-    from .internals import _lengths_from_mask, _run_internals, value_output_matrices
-
     layers = getattr(model, "layers", None)
     if layers is None or not all(hasattr(getattr(l, "attn", None), "q_proj") for l in layers):
         raise TypeError("key-aware counts need a TransformerClassifier (layers[i].attn.q_proj/k_proj)")

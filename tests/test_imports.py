@@ -1,0 +1,121 @@
+"""The package's import graph: every module imports alone, and no two modules import each other in a circle.
+
+The graph is read from the source (``ast``), lazy imports inside functions included: a cycle hidden in a
+function body still tells a reader that neither file is the foundation."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = "identifiable_transformers"
+SRC = Path(__file__).resolve().parents[1] / "src" / PACKAGE
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> list[str]:
+    """The package modules an ``from X import a, b`` names (X itself, and X.a where that is a module)."""
+    if node.level:
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    return [target, *(f"{target}.{alias.name}" for alias in node.names)]
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                edges.update(_resolve(name, path.name == "__init__.py", node))
+            elif isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names)
+        # A module importing its own package's __init__ (``from . import x`` inside x's package) is how Python
+        # reaches a sibling, not a dependency on the __init__'s re-exports.
+        graph[name] = {e for e in edges if e in modules and e != name and not name.startswith(e + ".")}
+    return graph
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
+    assert _find_cycle(graph) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_graph_sees_relative_and_lazy_imports():
+    graph = import_graph()
+    maths = f"{PACKAGE}.diagnostics.maths"
+    assert f"{maths}.nullspace" in graph[f"{maths}.key_aware"]
+    assert f"{maths}.internals" in graph[f"{maths}.key_aware_heads"]
+    # callbacks/identifiability.py imports key_aware_probe inside a method
+    assert f"{PACKAGE}.diagnostics.callbacks.key_aware_probe" in graph[f"{PACKAGE}.diagnostics.callbacks.identifiability"]
+
+
+def test_no_import_cycle():
+    cycle = _find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_maths_needs_no_lightning_and_never_imports_upward():
+    """diagnostics/maths is the foundation: it imports nothing of the package outside itself and the models,
+    and no Lightning, plotting or Captum."""
+    maths = f"{PACKAGE}.diagnostics.maths"
+    for name, path in _modules().items():
+        if not name.startswith(maths):
+            continue
+        text = path.read_text()
+        for banned in ("lightning", "matplotlib", "captum", "wandb"):
+            assert f"import {banned}" not in text and f"from {banned}" not in text, (name, banned)
+        for dep in import_graph()[name]:
+            assert dep.startswith(maths) or dep.startswith(f"{PACKAGE}.models"), (name, dep)
+
+
+def test_every_module_imports_alone():
+    """Each module in a clean import state (the package's modules forgotten before each one), in one child."""
+    names = sorted(n for n in _modules() if not n.endswith("__main__"))  # __main__ runs a command line
+    code = (
+        "import importlib, sys, traceback\n"
+        "import torch  # imported once: only the package's own modules are reset\n"
+        f"failed = []\nfor name in {names!r}:\n"
+        f"    for m in [m for m in sys.modules if m == {PACKAGE!r} or m.startswith({PACKAGE + '.'!r})]:\n"
+        "        del sys.modules[m]\n"
+        "    try:\n        importlib.import_module(name)\n"
+        "    except Exception:\n        failed.append(name + '\\n' + traceback.format_exc())\n"
+        "print('\\n'.join(failed))\nsys.exit(1 if failed else 0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -32,8 +32,12 @@ import torch.nn.functional as F
 
 from identifiable_transformers.diagnostics import attention_identifiability
 from identifiable_transformers.diagnostics.callbacks.identifiability import _render, select_probe_indices
-from identifiable_transformers.diagnostics.faithfulness import (CHEAP_EXPLAINERS, adversarial_attention,
-                                                                faithfulness_report, integrated_gradients)
+from identifiable_transformers.diagnostics.faithfulness import (
+    CHEAP_EXPLAINERS,
+    adversarial_attention,
+    faithfulness_report,
+    integrated_gradients,
+)
 from identifiable_transformers.models import TransformerClassifier
 
 VOCAB = 20_000

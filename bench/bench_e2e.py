@@ -116,7 +116,11 @@ def epoch(name: str, dm: TextDataModule) -> dict:
 
 def diagnostics_seconds(model: nn.Module, dm: TextDataModule, out_dir: Path) -> tuple[float, float]:
     """The callback's per-epoch work on 64 validation probes: the maths, then the 4 figures."""
-    from identifiable_transformers.diagnostics.render.plots import plot_attention_maps, plot_null_dim_vs_length, save_figure
+    from identifiable_transformers.diagnostics.render.plots import (
+        plot_attention_maps,
+        plot_null_dim_vs_length,
+        save_figure,
+    )
 
     rows = [dm.val_dataset[i] for i in range(min(64, len(dm.val_dataset)))]
     batch = dm.collate(rows)

@@ -118,8 +118,11 @@ def epoch_share(repeats: int) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_diagnostics import VOCAB, _batch, _lengths, train_epoch
 
-    from identifiable_transformers.diagnostics.callbacks.key_aware_probe import (key_aware_batch, key_aware_metrics,
-                                                                       select_key_aware_examples)
+    from identifiable_transformers.diagnostics.callbacks.key_aware_probe import (
+        key_aware_batch,
+        key_aware_metrics,
+        select_key_aware_examples,
+    )
     from identifiable_transformers.models import TransformerClassifier
 
     rng = np.random.default_rng(0)

@@ -195,11 +195,12 @@ def test_check_config_accepts_the_shipped_presets(make_cfg, tmp_path, extra):
 
 
 def test_matches_and_describe_follow_annotations():
-    from typing import Literal, Mapping, Optional, Sequence, Union
+    from collections.abc import Mapping, Sequence
+    from typing import Literal, Optional, Union
 
     assert matches(3, float) and not matches(True, int) and not matches("3", int) and matches(None, Optional[int])
     assert matches("a", Sequence[str]) and not matches("a", list[str]) and matches(["a"], list[str])
-    assert matches({"train": None}, Mapping[str, Union[str, None]]) and not matches({"t": [1]}, Mapping[str, str])
+    assert matches({"train": None}, Mapping[str, str | None]) and not matches({"t": [1]}, Mapping[str, str])
     assert not matches(1, Literal["1"]) and matches("1", Literal["1"]) and not matches(1, Literal[True])
     assert matches({"_target_": "x.Y"}, int)  # instantiated into an object first
     assert matches("anything", Path) and matches(1, object)  # classes: left to the target

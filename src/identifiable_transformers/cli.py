@@ -13,8 +13,9 @@ import inspect
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 _INPUT_ERRORS = (ValueError, FileNotFoundError, ConnectionError)  # ConnectionError: data.DataUnavailableError

@@ -1,7 +1,14 @@
 import torch
 
 from identifiable_transformers.data import (
-    CLS_ID, PAD_ID, SPECIAL_TOKENS, encode_texts, load_tokenizer, save_tokenizer, tokenizer_from_str, train_tokenizer,
+    CLS_ID,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    encode_texts,
+    load_tokenizer,
+    save_tokenizer,
+    tokenizer_from_str,
+    train_tokenizer,
 )
 from identifiable_transformers.data.tokenizer import pad_batch
 

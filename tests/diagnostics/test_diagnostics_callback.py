@@ -14,7 +14,10 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from torch.utils.data import DataLoader
 
-from identifiable_transformers.diagnostics.callbacks.identifiability import IdentifiabilityCallback, select_probe_indices
+from identifiable_transformers.diagnostics.callbacks.identifiability import (
+    IdentifiabilityCallback,
+    select_probe_indices,
+)
 from identifiable_transformers.models import TransformerClassifier
 
 VOCAB = 60
@@ -216,7 +219,10 @@ def test_key_aware_count_per_epoch_or_at_the_end_of_fit(tmp_path, every):
 
 
 def test_key_aware_examples_span_the_lengths_up_to_max_length():
-    from identifiable_transformers.diagnostics.callbacks.key_aware_probe import key_aware_targets, select_key_aware_examples
+    from identifiable_transformers.diagnostics.callbacks.key_aware_probe import (
+        key_aware_targets,
+        select_key_aware_examples,
+    )
 
     assert key_aware_targets(3, 512) == [512, 128, 32]
     assert key_aware_targets(4, 20) == [20, 8]

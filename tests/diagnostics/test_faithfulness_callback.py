@@ -12,9 +12,9 @@ import torch.nn.functional as nnF
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
+from identifiable_transformers.diagnostics.callbacks.faithfulness import FaithfulnessCallback
 from identifiable_transformers.diagnostics.callbacks.identifiability import IdentifiabilityCallback
 from identifiable_transformers.diagnostics.faithfulness import CHEAP_EXPLAINERS, METRICS
-from identifiable_transformers.diagnostics.callbacks.faithfulness import FaithfulnessCallback
 from identifiable_transformers.models import TransformerClassifier
 from identifiable_transformers.training import run
 

@@ -66,7 +66,7 @@ class FakeProxy:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
 
-    def __enter__(self) -> "FakeProxy":
+    def __enter__(self) -> FakeProxy:
         self._thread.start()
         return self
 

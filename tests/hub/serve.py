@@ -380,7 +380,7 @@ class LocalHub:
         self.url = f"http://127.0.0.1:{self.port}"
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "LocalHub":
+    def start(self) -> LocalHub:
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
         self._thread.start()
         return self
@@ -393,7 +393,7 @@ class LocalHub:
             self._thread = None
         self.httpd.server_close()
 
-    def __enter__(self) -> "LocalHub":
+    def __enter__(self) -> LocalHub:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -8,8 +8,8 @@ import socket
 import time
 
 import pytest
-from hub_helpers import hub_env, train
 from fake_proxy import FakeProxy
+from hub_helpers import hub_env, train
 
 from identifiable_transformers.data import sources as S
 

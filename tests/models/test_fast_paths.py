@@ -4,10 +4,13 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
-from identifiable_transformers.models import MultiHeadSelfAttention, TransformerClassifier, override_attention
-from identifiable_transformers.models import attention
+from identifiable_transformers.models import (
+    MultiHeadSelfAttention,
+    TransformerClassifier,
+    attention,
+    override_attention,
+)
 from identifiable_transformers.models.attention import Dropout, keep_mask
 
 

@@ -9,8 +9,9 @@ import os
 import shutil
 import uuid
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -188,7 +189,7 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
-    def from_name(cls, name: str, **overrides: Any) -> "TextDataModule":
+    def from_name(cls, name: str, **overrides: Any) -> TextDataModule:
         """Build from the registry entry ``name`` (same defaults as conf/data/<name>.yaml)."""
         spec = get_spec(name)
         spec.update(overrides)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import math
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

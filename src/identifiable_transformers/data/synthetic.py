@@ -21,8 +21,9 @@ tokenizing and caching as a local file with a rationale column.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -45,7 +46,7 @@ class SyntheticSpec:
     seed: int = 0
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any] | None) -> "SyntheticSpec":
+    def from_config(cls, cfg: Mapping[str, Any] | None) -> SyntheticSpec:
         cfg = dict(cfg or {})
         unknown = set(cfg) - set(cls.__dataclass_fields__)
         if unknown:

@@ -10,8 +10,8 @@ least ``min_frequency`` times in the *training split*.  Special tokens have fixe
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 import torch
 from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers, processors

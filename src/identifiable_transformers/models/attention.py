@@ -15,9 +15,9 @@ Logits are scaled by 1/sqrt(key_dim), the size the dot product is taken over.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F

@@ -23,8 +23,16 @@ key-aware count per checkpoint and its table), :mod:`.plots`, :mod:`.cli` (argum
 """
 
 from .cli import main
-from .faithfulness import (DISTRIBUTION_EXPLAINERS, EXPLAINER_ORDER, FAITH_KEY, FAITH_METRICS, faithfulness_table,
-                           js_divergence, load_explanations, seed_agreement)
+from .faithfulness import (
+                           DISTRIBUTION_EXPLAINERS,
+                           EXPLAINER_ORDER,
+                           FAITH_KEY,
+                           FAITH_METRICS,
+                           faithfulness_table,
+                           js_divergence,
+                           load_explanations,
+                           seed_agreement,
+)
 from .key_aware import KEY_AWARE_LENGTHS, ensure_key_aware, key_aware_counts, key_aware_lengths, key_aware_table
 from .markdown import markdown_table
 from .plots import plot, plot_key_aware

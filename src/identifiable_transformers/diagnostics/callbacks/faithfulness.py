@@ -17,17 +17,25 @@ import json
 import logging
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
 
 from ...wandb_logging import wandb_loggers
+from ..faithfulness import (
+    CHEAP_EXPLAINERS,
+    EXPLAINERS,
+    RANDOM_DRAWS,
+    adversarial_attention,
+    faithfulness_report,
+    integrated_gradients,
+    rationale_mask,
+)
 from .identifiability import IdentifiabilityCallback
-from ..faithfulness import (CHEAP_EXPLAINERS, EXPLAINERS, RANDOM_DRAWS, adversarial_attention, faithfulness_report,
-                           integrated_gradients, rationale_mask)
 
 log = logging.getLogger(__name__)
 

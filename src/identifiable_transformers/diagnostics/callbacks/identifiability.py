@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from ...wandb_logging import log_epoch_media, logged_step, wandb_loggers
-from .media import IdentifiabilityMedia, _render, attention_image  # noqa: F401 (re-exported)
 from ..maths import attention_identifiability, identifiable_length
+from .media import IdentifiabilityMedia, _render, attention_image  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,8 @@ per head, the alternatives the head itself could produce (``key_aware_alternativ
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch

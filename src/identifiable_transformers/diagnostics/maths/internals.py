@@ -7,12 +7,14 @@ groups examples by length so that T is never padded.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from .nullspace import _EPS, _F64, HEAD_METRICS, _joint_null_dims, analyse_heads
+
 
 def value_output_matrices(internals: Sequence[Any]) -> tuple[Tensor, Tensor]:
     """Stack (attention [B, L, H, T, T], value-output T [B, L, H, T, d]) in float64 on CPU.

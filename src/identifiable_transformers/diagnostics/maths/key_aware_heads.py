@@ -7,7 +7,8 @@ walks them cut to each example's real tokens; ``key_aware_alternative_dims`` cou
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor

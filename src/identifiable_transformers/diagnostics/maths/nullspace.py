@@ -23,7 +23,6 @@ and ``identifiable_length`` (theoretical length bounds). The model-level report 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
 
 import torch
 from torch import Tensor

@@ -12,8 +12,8 @@ headless training jobs and never touch a GUI backend.
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib
 

@@ -55,3 +55,29 @@ def test_the_library_does_not_need_the_app_extras():
             if line.startswith(("import ", "from ")):
                 top = line.split()[1].split(".")[0]
                 assert top not in modules, f"{path.relative_to(ROOT)} imports the optional {top} at module level"
+
+
+def test_a_built_wheel_is_a_working_library(tmp_path):
+    """`pip install .` gives a library that works outside the checkout: the wheel, installed into a bare folder,
+    imports and finds the dataset registry's configs (which live in conf/, linked into the package)."""
+    import os
+    import subprocess
+    import sys
+
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
+                   check=True, capture_output=True, timeout=600)
+    (wheel,) = wheels.glob("identifiable_transformers-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    code = ("import identifiable_transformers.data.registry as r, identifiable_transformers.diagnostics as d; "
+            "print(r.__file__); print(sorted(r.KNOWN_DATASETS)[:3]); print(len(d.__all__))")
+    env = {**os.environ, "PYTHONPATH": str(site), "PYTHONNOUSERSITE": "1"}
+    proc = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); {code}"],
+                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    where, names, _ = proc.stdout.splitlines()
+    assert where.startswith(str(site))  # the installed copy, not the checkout
+    from identifiable_transformers.data.registry import KNOWN_DATASETS
+
+    assert names == str(sorted(KNOWN_DATASETS)[:3])  # the same configs as the checkout's

@@ -1,0 +1,136 @@
+"""Seeded synthetic classification tasks whose rationale (the evidence for the label) is known.
+
+Every example is a sentence of filler words ``w0 .. w{vocab-1}`` with a few class keywords planted in it.
+The keywords of class ``c`` are ``k{c}`` (or ``k{c}a``, ``k{c}b``, ... with ``keywords_per_class`` > 1);
+filler words and keywords are single ``\\w+`` runs, so each word is exactly one token of the project's
+tokenizer. The rationale is the list of 0-based word positions of the keywords that carry the label:
+
+* ``presence``: one keyword (``num_keywords`` of them, all of one class, ``[1, 1]`` by default) appears;
+  the label is its class. Every keyword is rationale. A bag of words solves it.
+* ``order``: keywords of ``n`` *distinct* classes appear; the label is the class of the first one. The
+  rationale is that first keyword. Every class set is seen with each of its classes first equally often,
+  so a bag of words reaches about ``1/n``.
+* ``majority``: ``n`` keywords (classes drawn uniformly, redrawn until one class has strictly the most);
+  the label is that class. The rationale is every keyword of that class (at least two tokens), which the
+  model must count against the others. A bag of word *counts* can solve it; word presence alone cannot.
+
+The rows come out as a frame with ``text``, ``label`` (class id) and ``rationale`` (space-separated word
+indices, the ``data.rationale_field`` format), so they go through the same normalisation, splitting,
+tokenizing and caching as a local file with a rationale column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+TASKS = ("presence", "order", "majority")
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """The generator's settings (``data.synthetic.<key>``); every one is part of the cache key."""
+
+    task: str = "order"
+    size: int = 4000                 # rows in all; validation and test are carved from them
+    min_length: int = 8              # words per sentence, keywords included
+    max_length: int = 16
+    vocab: int = 200                 # filler words
+    num_classes: int = 4
+    num_keywords: tuple[int, int] = (2, 3)   # keywords per sentence, drawn uniformly in [lo, hi]
+    keywords_per_class: int = 1
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any] | None) -> SyntheticSpec:
+        cfg = dict(cfg or {})
+        unknown = set(cfg) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"data.synthetic has unknown key(s) {sorted(unknown)}; known keys: "
+                             f"{sorted(cls.__dataclass_fields__)}.")
+        if "num_keywords" in cfg:
+            nk = cfg["num_keywords"]
+            nk = [nk, nk] if isinstance(nk, int) else list(nk)
+            if len(nk) != 2:
+                raise ValueError(f"data.synthetic.num_keywords={nk} must be one integer or a range [lo, hi].")
+            cfg["num_keywords"] = (int(nk[0]), int(nk[1]))
+        spec = cls(**cfg)
+        spec.check()
+        return spec
+
+    def check(self) -> None:
+        def bad(msg: str) -> ValueError:
+            return ValueError(f"synthetic: {msg}")  # the CLI prefixes the node: "data: synthetic: ..."
+
+        if self.task not in TASKS:
+            raise bad(f"task={self.task!r} is not one of {TASKS}.")
+        lo, hi = self.num_keywords
+        if self.num_classes < 2:
+            raise bad(f"num_classes={self.num_classes} must be >= 2.")
+        if self.size < 10 * self.num_classes:
+            raise bad(f"size={self.size} is too small for {self.num_classes} classes (at least {10 * self.num_classes}).")
+        if self.vocab < 1 or self.keywords_per_class < 1:
+            raise bad(f"vocab={self.vocab} and keywords_per_class={self.keywords_per_class} must be >= 1.")
+        if not 1 <= lo <= hi:
+            raise bad(f"num_keywords={list(self.num_keywords)} must be a range 1 <= lo <= hi.")
+        if self.task == "order" and not 2 <= lo <= hi <= self.num_classes:
+            raise bad(f"task=order needs 2 <= num_keywords <= num_classes={self.num_classes} (keywords of distinct "
+                      f"classes, the first decides); got {list(self.num_keywords)}.")
+        if self.task == "majority" and lo < 2:
+            raise bad(f"task=majority needs at least 2 keywords per sentence; got num_keywords={list(self.num_keywords)}.")
+        if not hi <= self.min_length <= self.max_length:
+            raise bad(f"need num_keywords <= min_length <= max_length; got num_keywords={list(self.num_keywords)}, "
+                      f"min_length={self.min_length}, max_length={self.max_length}.")
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["num_keywords"] = list(self.num_keywords)
+        return d
+
+
+def keyword(cls: int, j: int, per_class: int) -> str:
+    """The ``j``-th keyword of class ``cls``."""
+    return f"k{cls}" if per_class == 1 else f"k{cls}{chr(ord('a') + j)}"
+
+
+def _keyword_classes(spec: SyntheticSpec, rng: np.random.Generator) -> tuple[list[int], int]:
+    """The classes of one sentence's keywords (in sentence order) and its label."""
+    n = int(rng.integers(spec.num_keywords[0], spec.num_keywords[1] + 1))
+    c = spec.num_classes
+    if spec.task == "presence":
+        y = int(rng.integers(c))
+        return [y] * n, y
+    if spec.task == "order":
+        classes = rng.choice(c, size=n, replace=False).tolist()  # uniform over ordered distinct tuples
+        return classes, classes[0]
+    while True:  # majority: redraw until one class has strictly the most keywords
+        classes = rng.integers(c, size=n).tolist()
+        counts = np.bincount(classes, minlength=c)
+        top = np.flatnonzero(counts == counts.max())
+        if len(top) == 1:
+            return classes, int(top[0])
+
+
+def generate(spec: SyntheticSpec) -> pd.DataFrame:
+    """``spec.size`` rows: ``text``, ``label`` (int), ``rationale`` (space-separated word indices)."""
+    rng = np.random.default_rng([int(spec.seed), TASKS.index(spec.task)])
+    texts, labels, rationales = [], [], []
+    for _ in range(spec.size):
+        classes, y = _keyword_classes(spec, rng)
+        length = int(rng.integers(spec.min_length, spec.max_length + 1))
+        words = [f"w{i}" for i in rng.integers(spec.vocab, size=length)]
+        slots = np.sort(rng.choice(length, size=len(classes), replace=False))  # keyword positions, in order
+        for pos, c in zip(slots, classes):
+            words[pos] = keyword(c, int(rng.integers(spec.keywords_per_class)), spec.keywords_per_class)
+        if spec.task == "order":
+            evidence = [int(slots[0])]
+        else:  # presence, majority: every keyword of the label's class
+            evidence = [int(p) for p, c in zip(slots, classes) if c == y]
+        texts.append(" ".join(words))
+        labels.append(y)
+        rationales.append(" ".join(map(str, evidence)))
+    return pd.DataFrame({"text": texts, "label": labels, "rationale": rationales})

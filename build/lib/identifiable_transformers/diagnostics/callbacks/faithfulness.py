@@ -1,0 +1,273 @@
+"""Per-epoch faithfulness of token explanations on the identifiability probe set (docs/faithfulness.md).
+
+At the end of every ``every_n_epochs``-th validation epoch (never in the sanity check) global rank 0
+scores the cheap explainers on the same fixed probe set as the ``IdentifiabilityCallback`` (its probe
+when that callback is attached, else one drawn with the same ``select_probe_indices`` logic and
+settings), logs ``val/faith/<explainer>/<metric>`` (with ``rationale_auprc`` and ``rationale_f1`` when the data has
+rationales; the random control's ``<metric>_std`` over its draws) and ``val/faith/uniform_acc_gap``, and writes
+``<identifiability dir>/epoch_XXX/faith_metrics.json``. At the end of fit it writes
+``explanations.json`` (the last epoch's scores), runs the expensive tier (integrated gradients,
+adversarial attention) and writes ``faithfulness_final.json``; with a ``WandbLogger`` attached it
+also logs a ``wandb.Table`` of the probe explanations and the end-of-fit metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+
+from ...wandb_logging import wandb_loggers
+from ..faithfulness import (
+    CHEAP_EXPLAINERS,
+    EXPLAINERS,
+    RANDOM_DRAWS,
+    adversarial_attention,
+    faithfulness_report,
+    integrated_gradients,
+    rationale_mask,
+)
+from .identifiability import IdentifiabilityCallback
+
+log = logging.getLogger(__name__)
+
+__all__ = ["FaithfulnessCallback"]
+
+PREFIX = "val/faith"
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+class FaithfulnessCallback(pl.Callback):
+    """Faithfulness metrics of token explainers, every epoch on the probe set, expensive ones at the end of fit.
+
+    Args:
+        explainers: the per-epoch explainers (default: every cheap one, i.e. all but integrated_gradients).
+        every_n_epochs: run on epochs where (epoch + 1) % every_n_epochs == 0.
+        seed: seed of the ``random`` explainer and of the adversarial search's starts.
+        random_draws: draws of the random control averaged each epoch (their spread is logged as ``_std``).
+        probe_size, probe_seed, max_probe_length, output_dir: used only without an IdentifiabilityCallback
+            (then they mean what they mean there); with one attached its probe and output dir are used.
+        final: run the expensive tier at the end of fit (integrated gradients on the whole probe,
+            adversarial attention on ``adversarial_examples`` probe examples spread over the lengths).
+        ig_steps: integrated-gradients interpolation steps.
+        adversarial_examples, adversarial_steps, adversarial_restarts, adversarial_eps: the adversarial search.
+    """
+
+    def __init__(
+        self,
+        explainers: Sequence[str] = CHEAP_EXPLAINERS,
+        every_n_epochs: int = 1,
+        seed: int = 0,
+        probe_size: int = 64,
+        probe_seed: int = 0,
+        max_probe_length: int | None = None,
+        output_dir: str | None = None,
+        final: bool = True,
+        ig_steps: int = 32,
+        adversarial_examples: int = 8,
+        adversarial_steps: int = 300,
+        adversarial_restarts: int = 4,
+        adversarial_eps: float = 0.01,
+        random_draws: int = RANDOM_DRAWS,
+    ) -> None:
+        super().__init__()
+        explainers = list(explainers)
+        unknown = [e for e in explainers if e not in EXPLAINERS]
+        if unknown or not explainers:
+            raise ValueError(f"explainers must be a non-empty subset of {list(EXPLAINERS)}; got unknown {unknown}")
+        if every_n_epochs < 1:
+            raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
+        if random_draws < 1:
+            raise ValueError(f"random_draws must be >= 1, got {random_draws}")
+        if adversarial_examples < 0 or adversarial_steps < 0 or adversarial_restarts < 1 or adversarial_eps <= 0:
+            raise ValueError("adversarial_examples and adversarial_steps must be >= 0, adversarial_restarts >= 1 "
+                             "and adversarial_eps > 0")
+        self.explainers, self.every_n_epochs, self.seed, self.final = explainers, every_n_epochs, seed, final
+        self.ig_steps, self.random_draws = ig_steps, random_draws
+        self.adversarial = dict(examples=adversarial_examples, steps=adversarial_steps,
+                                restarts=adversarial_restarts, eps=adversarial_eps)
+        # Used when no IdentifiabilityCallback is attached: the same probe logic, no plots.
+        self._own = IdentifiabilityCallback(probe_size=probe_size, seed=probe_seed, max_probe_length=max_probe_length,
+                                            output_dir=output_dir, plots=False)
+        self.last_report: dict[str, Any] | None = None
+        self.last_metrics: dict[str, float] | None = None
+        self.last_epoch: int | None = None
+        self.final_metrics: dict[str, float] | None = None
+
+    # -------------------------------------------------------------------------------- probe set
+    def _ident(self, trainer: pl.Trainer) -> IdentifiabilityCallback:
+        return next((c for c in trainer.callbacks if isinstance(c, IdentifiabilityCallback)), self._own)
+
+    def _probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        return self._ident(trainer)._ensure_probe(trainer, pl_module)
+
+    def _out_dir(self, trainer: pl.Trainer) -> Path:
+        return self._ident(trainer)._out_dir(trainer)
+
+    @staticmethod
+    def _rationale_mask(probe: dict[str, Any]):
+        """(B, T) bool mask of the probe's rationale tokens, or None when the data has no rationales."""
+        if probe.get("rationales") is None:
+            return None
+        return rationale_mask(probe["rationales"], probe["batch"]["input_ids"].shape[1])
+
+    # ------------------------------------------------------------------------------------ hooks
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._probe(trainer, pl_module)
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
+            return
+        probe = self._probe(trainer, pl_module)
+        if not trainer.is_global_zero:
+            return
+        t0 = time.perf_counter()
+        batch = probe["batch"]
+        dev = pl_module.device
+        rationales = self._rationale_mask(probe)
+        report = faithfulness_report(pl_module.model, batch["input_ids"].to(dev), batch["attention_mask"].to(dev),
+                                     batch.get("labels"), explainers=self.explainers, seed=self.seed,
+                                     rationale_mask=None if rationales is None else rationales.to(dev),
+                                     random_draws=self.random_draws)
+        metrics = {f"{PREFIX}/{k}": v for k, v in report["metrics"].items()}
+        metrics[f"{PREFIX}/uniform_acc_gap"] = report["uniform_acc_gap"]
+        metrics[f"{PREFIX}/compute_s"] = time.perf_counter() - t0
+        for key, value in metrics.items():
+            pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
+        self.last_report, self.last_metrics, self.last_epoch = report, metrics, trainer.current_epoch
+        out = self._out_dir(trainer) / f"epoch_{trainer.current_epoch:03d}"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "faith_metrics.json").write_text(json.dumps({k: _finite(v) for k, v in metrics.items()}, indent=1))
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero or self.last_report is None:
+            return
+        probe = self._probe(trainer, pl_module)
+        out = self._out_dir(trainer)
+        out.mkdir(parents=True, exist_ok=True)
+        explanations = self._explanations(probe, self.last_report)
+        (out / "explanations.json").write_text(json.dumps(explanations))
+        final_metrics = {k: _finite(v) for k, v in (self.last_metrics or {}).items()}
+        examples_extra: dict[str, Any] = {}
+        if self.final:
+            t0 = time.perf_counter()
+            shown = trainer.progress_bar_callback is not None  # no bar when the trainer shows none
+            extra, examples_extra = self._expensive(pl_module, probe, show_progress=shown)
+            final_metrics.update(extra)
+            final_metrics[f"{PREFIX}/final/compute_s"] = time.perf_counter() - t0
+        self.final_metrics = final_metrics
+        # Lightning does not allow self.log in on_fit_end: put the end-of-fit values where training.py
+        # reads the fit's metrics (trainer.callback_metrics -> metrics.json).
+        for k, v in final_metrics.items():
+            if k.startswith(f"{PREFIX}/final/") and v is not None:
+                trainer.callback_metrics[k] = torch.tensor(float(v))
+        final = {"epoch": self.last_epoch, "metrics": final_metrics, **explanations, **examples_extra,
+                 "labels": [int(x) for x in probe["batch"]["labels"]],
+                 "prob": [float(x) for x in self.last_report["prob"]]}
+        (out / "faithfulness_final.json").write_text(json.dumps(final))
+        self._log_wandb(trainer, final)
+        log.info("faithfulness: wrote %s and %s", out / "explanations.json", out / "faithfulness_final.json")
+
+    # ------------------------------------------------------------------------------------ parts
+    @staticmethod
+    def _explanations(probe: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+        lengths = [int(n) for n in probe["lengths"]]
+        ids = probe["batch"]["input_ids"]
+        tokens = probe["tokens"] or [[str(int(t)) for t in row] for row in ids]
+        extra = {"rationales": probe["rationales"]} if probe.get("rationales") is not None else {}
+        return {
+            **extra,
+            "indices": [int(i) for i in probe["indices"]],
+            "lengths": lengths,
+            "tokens": [list(tokens[i][:n]) for i, n in enumerate(lengths)],
+            "predicted": [int(p) for p in report["predicted"]],
+            "scores": {e: [s[i, :n].tolist() for i, n in enumerate(lengths)] for e, s in
+                       ((e, s.detach().cpu()) for e, s in report["scores"].items())},
+        }
+
+    def _expensive(self, pl_module: pl.LightningModule, probe: dict[str, Any], show_progress: bool = False
+                   ) -> tuple[dict, dict]:
+        """Integrated gradients (scores, metrics, convergence delta) and adversarial attention.
+
+        This takes minutes on long probes, after the training bar has closed: a progress bar shows it
+        (only when the trainer shows one): one unit for integrated gradients, one for its metrics, then
+        the adversarial search's ``steps + 2``.
+        """
+        from tqdm.auto import tqdm
+
+        model, dev = pl_module.model, pl_module.device
+        k = min(self.adversarial["examples"], len(probe["lengths"]))
+        total = 2 + (self.adversarial["steps"] + 2 if k else 0)
+        with tqdm(total=total, desc="Faithfulness (end of fit)", disable=not show_progress, leave=True,
+                  dynamic_ncols=True) as bar:
+            return self._expensive_parts(model, dev, probe, bar)
+
+    def _expensive_parts(self, model, dev, probe: dict[str, Any], bar) -> tuple[dict, dict]:
+        batch = probe["batch"]
+        ids, mask = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
+        metrics: dict[str, float | None] = {}
+        examples: dict[str, Any] = {}
+        lengths = [int(n) for n in probe["lengths"]]
+        bar.set_postfix_str("integrated gradients")
+        ig, delta = integrated_gradients(model, ids, mask, n_steps=self.ig_steps)
+        bar.update(1)
+        rationales = self._rationale_mask(probe)
+        rep = faithfulness_report(model, ids, mask, explainers=["integrated_gradients"], seed=self.seed,
+                                  precomputed={"integrated_gradients": ig},
+                                  rationale_mask=None if rationales is None else rationales.to(dev))
+        bar.update(1)
+        for k, v in rep["metrics"].items():
+            metrics[f"{PREFIX}/final/{k}"] = _finite(v)
+        metrics[f"{PREFIX}/final/integrated_gradients/delta_abs_max"] = float(delta.abs().max())
+        ig = ig.detach().cpu()
+        examples["ig_scores"] = [ig[i, :n].tolist() for i, n in enumerate(lengths)]
+        k = min(self.adversarial["examples"], len(lengths))
+        if k:
+            pos = sorted({int(round(q)) for q in np.linspace(0, len(lengths) - 1, k)})
+            sel = torch.tensor(pos, device=dev)
+            bar.set_postfix_str("adversarial attention")
+            tv = adversarial_attention(model, ids[sel], mask[sel], eps=self.adversarial["eps"],
+                                       steps=self.adversarial["steps"], restarts=self.adversarial["restarts"],
+                                       seed=self.seed, progress=bar.update).cpu()  # (k, H)
+            metrics[f"{PREFIX}/final/adversarial_tv"] = float(tv.mean())
+            metrics[f"{PREFIX}/final/adversarial_tv_max"] = float(tv.max())
+            for h in range(tv.shape[1]):
+                metrics[f"{PREFIX}/final/adversarial_tv/h{h}"] = float(tv[:, h].mean())
+            examples["adversarial"] = {"positions": pos, "indices": [int(probe["indices"][p]) for p in pos],
+                                       "eps": self.adversarial["eps"], "tv": tv.tolist()}
+        return metrics, examples
+
+    @staticmethod
+    def _log_wandb(trainer: pl.Trainer, final: dict[str, Any]) -> None:
+        loggers = wandb_loggers(trainer)
+        if not loggers:
+            return
+        names = list(final["scores"])
+        columns = ["index", "length", "tokens", "predicted", "prob", "label", *names]
+        if "ig_scores" in final:
+            columns.append("integrated_gradients")
+        rows = []
+        for i, idx in enumerate(final["indices"]):
+            row = [idx, final["lengths"][i], " ".join(final["tokens"][i]), final["predicted"][i],
+                   final["prob"][i], final["labels"][i]]
+            row += [json.dumps([round(x, 5) for x in final["scores"][e][i]]) for e in names]
+            if "ig_scores" in final:
+                row.append(json.dumps([round(x, 5) for x in final["ig_scores"][i]]))
+            rows.append(row)
+        # The last epoch's values are logged already; add the end-of-fit ones.
+        metrics = {k: v for k, v in final["metrics"].items() if v is not None and k.startswith(f"{PREFIX}/final/")}
+        for lg in loggers:
+            lg.log_table(key="faith/explanations", columns=columns, data=rows)
+            if metrics:
+                lg.log_metrics(metrics)

@@ -1,0 +1,344 @@
+"""Per-epoch identifiability diagnostics on a fixed probe set (docs/identifiability.md section 2).
+
+At the end of every ``every_n_epochs``-th validation epoch (never during the sanity check) the
+callback runs ``attention_identifiability`` on a fixed, seeded probe set drawn from the
+validation split, logs per layer/head and overall means under ``val/ident/...`` and writes
+plots (PNG, and W&B images when a ``WandbLogger`` is attached). With a ``WandbLogger`` it also logs
+the per-head values as a table every epoch (``val/ident/heads``) and, at the end of fit, a table of
+the probe examples with their attention maps (``val/ident/probe``). Only global rank 0 computes,
+logs and writes files; the maths is cheap (one batched float64 SVD per distinct length).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+
+from ...wandb_logging import log_epoch_media, logged_step, wandb_loggers
+from ..maths import attention_identifiability, identifiable_length
+from .media import IdentifiabilityMedia, _render, attention_image  # noqa: F401 (re-exported)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["IdentifiabilityCallback", "select_probe_indices", "summarize_report"]
+
+# report key -> logged name
+_LOGGED = {
+    "null_dim": "null_dim",
+    "stochastic_null_dim": "stochastic_null_dim",
+    "alt_attention_tv": "alt_tv",
+    "effective_gap": "effective_gap",
+    "sigma_ratio": "sigma_ratio",
+    "attention_entropy": "entropy",
+}
+
+
+def select_probe_indices(lengths, probe_size: int, seed: int = 0, max_length: int | None = None,
+                         preferred=None) -> list[int]:
+    """Seeded, length-stratified probe: ``probe_size`` targets evenly spaced over the range of
+    eligible lengths, each filled by a random unused example of the nearest available length.
+
+    Spreading targets over the *range* (not the data's length distribution) puts probes both below
+    and above the identifiable length even when most texts are short. Returns indices sorted by
+    (length, index). ``preferred`` (one bool per example, e.g. "has a rationale"): the probe is drawn
+    from the preferred examples, and from the others only when too few are eligible; all True (or
+    None) gives the plain draw.
+    """
+    lengths = np.asarray(lengths)
+    if preferred is not None:
+        pref = np.asarray(preferred, dtype=bool)
+        cap = max_length or int(lengths.max(initial=0))
+        first = select_probe_indices(np.where(pref, lengths, 0), probe_size, seed, cap)  # length 0: not eligible
+        rest = probe_size - len(first)
+        more = select_probe_indices(np.where(pref, 0, lengths), rest, seed, cap) if rest > 0 else []
+        return sorted(first + more, key=lambda i: (int(lengths[i]), i))
+    eligible = np.flatnonzero((lengths >= 1) & (lengths <= (max_length or lengths.max(initial=0))))
+    if len(eligible) == 0:
+        return []
+    if probe_size >= len(eligible):
+        chosen = list(eligible)
+    else:
+        rng = np.random.default_rng(seed)
+        pools: dict[int, list[int]] = {}
+        for i in rng.permutation(eligible):
+            pools.setdefault(int(lengths[i]), []).append(int(i))
+        targets = np.linspace(lengths[eligible].min(), lengths[eligible].max(), probe_size)
+        chosen = []
+        for t in targets:
+            avail = [k for k, v in pools.items() if v]
+            best = min(avail, key=lambda k: (abs(k - t), k))
+            chosen.append(pools[best].pop())
+    return sorted((int(i) for i in chosen), key=lambda i: (int(lengths[i]), i))
+
+
+def summarize_report(report: dict[str, Any], prefix: str = "val/ident") -> dict[str, float]:
+    """Means over the probe set: overall, per layer (joint dims) and per layer/head."""
+    out: dict[str, float] = {}
+    nd, snd = report["null_dim"], report["stochastic_null_dim"]
+    _, L, H = nd.shape
+    for key, name in _LOGGED.items():
+        out[f"{prefix}/{name}"] = float(report[key].double().mean())
+    out[f"{prefix}/identifiable_frac"] = float((nd == 0).double().mean())
+    out[f"{prefix}/stochastic_identifiable_frac"] = float((snd == 0).double().mean())
+    out[f"{prefix}/joint_null_dim"] = float(report["joint_null_dim"].double().mean())
+    out[f"{prefix}/joint_identifiable_frac"] = float((report["joint_null_dim"] == 0).double().mean())
+    out[f"{prefix}/witness_rel_error_max"] = float(report["witness_rel_error"].max())
+    for l in range(L):
+        if L > 1:
+            out[f"{prefix}/l{l}/joint_null_dim"] = float(report["joint_null_dim"][:, l].double().mean())
+        for h in range(H):
+            p = f"{prefix}/l{l}_h{h}"
+            for key, name in _LOGGED.items():
+                out[f"{p}/{name}"] = float(report[key][:, l, h].double().mean())
+            out[f"{p}/identifiable_frac"] = float((nd[:, l, h] == 0).double().mean())
+            out[f"{p}/stochastic_identifiable_frac"] = float((snd[:, l, h] == 0).double().mean())
+    return out
+
+
+_PER_HEAD_KEY = re.compile(r"^val/ident/l\d+_h\d+/")
+HEAD_COLUMNS = ["epoch", "layer", "head", *_LOGGED.values(), "identifiable_frac", "stochastic_identifiable_frac"]
+
+
+def head_rows(report: dict[str, Any], epoch: int) -> list[list]:
+    """One row per layer and head (``HEAD_COLUMNS``): means over the probe set."""
+    nd, snd = report["null_dim"], report["stochastic_null_dim"]
+    _, L, H = nd.shape
+    return [[epoch, l, h, *(float(report[k][:, l, h].double().mean()) for k in _LOGGED),
+             float((nd[:, l, h] == 0).double().mean()), float((snd[:, l, h] == 0).double().mean())]
+            for l in range(L) for h in range(H)]
+
+
+class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
+    """Log identifiability diagnostics of the attention heads once per validation epoch.
+
+    Args:
+        probe_size: number of validation examples in the fixed probe set.
+        every_n_epochs: run on epochs where (epoch + 1) % every_n_epochs == 0.
+        seed: seed of the probe selection (the same seed gives the same probes for every model
+            trained on the same data, so concat and add runs are compared on identical inputs).
+        num_plot_examples: probe sentences drawn as attention heatmaps each epoch (0: none).
+        max_probe_length: longest eligible example; None = min(model.max_len, 2 * embed_dim + 2),
+            which spans lengths above the add design's identifiable length d + 1.
+        output_dir: where probe ids, PNGs and metric JSONs go; None =
+            ``<trainer.default_root_dir>/identifiability``.
+        plots: write the figures (False: metrics only).
+        plot_every_n_epochs: draw the figures on every n-th diagnosed epoch and the last one (the
+            metrics are logged every time). Drawing is most of the callback's cost: on 2 CPU cores
+            a heatmap figure takes about 0.5 s, next to an epoch of about 5 s on the default run.
+        async_plots: draw the figures in a background thread so training continues meanwhile;
+            None (default) = only when the model trains on an accelerator. On a CPU-only machine
+            the thread competes with training for the same cores and makes the epoch slower.
+            Finished figures go to W&B at the next epoch end and all are flushed at the end of fit.
+        per_head_scalars: log ``val/ident/l{l}_h{h}/<metric>`` scalars (False: only the overall and
+            per-layer means; the per-head values are still in ``ident_metrics.json`` and, with W&B,
+            in the ``val/ident/heads`` table).
+        wandb_tables: with a ``WandbLogger``, log the ``val/ident/heads`` table every diagnosed
+            epoch and the ``val/ident/probe`` table (every probe example, layer and head, with its
+            attention map) at the end of fit.
+        key_aware_examples: validation examples for the key-aware count (docs/identifiability.md
+            2.5), with lengths max_length, max_length / 4, max_length / 16, ... (0: off).
+        key_aware_every_n_epochs: count on every n-th diagnosed epoch; None = once, at the end of
+            fit (for long inputs, where one count costs seconds per head).
+        key_aware_max_length: the longest probe; None = the data's ``max_length`` (else the model's).
+    """
+
+    def __init__(
+        self,
+        probe_size: int = 64,
+        every_n_epochs: int = 1,
+        seed: int = 0,
+        num_plot_examples: int = 2,
+        max_probe_length: int | None = None,
+        output_dir: str | None = None,
+        plots: bool = True,
+        plot_every_n_epochs: int = 10,
+        async_plots: bool | None = None,
+        per_head_scalars: bool = True,
+        wandb_tables: bool = True,
+        key_aware_examples: int = 3,
+        key_aware_every_n_epochs: int | None = 1,
+        key_aware_max_length: int | None = None,
+    ) -> None:
+        super().__init__()
+        if probe_size < 1:
+            raise ValueError(f"probe_size must be >= 1, got {probe_size}")
+        if every_n_epochs < 1:
+            raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
+        if plot_every_n_epochs < 1:
+            raise ValueError(f"plot_every_n_epochs must be >= 1, got {plot_every_n_epochs}")
+        if num_plot_examples < 0:
+            raise ValueError(f"num_plot_examples must be >= 0, got {num_plot_examples}")
+        if max_probe_length is not None and max_probe_length < 1:
+            raise ValueError(f"max_probe_length must be >= 1 or null, got {max_probe_length}")
+        if key_aware_examples < 0:
+            raise ValueError(f"key_aware_examples must be >= 0, got {key_aware_examples}")
+        if key_aware_every_n_epochs is not None and key_aware_every_n_epochs < 1:
+            raise ValueError(f"key_aware_every_n_epochs must be >= 1 or null (end of fit), got {key_aware_every_n_epochs}")
+        if key_aware_max_length is not None and key_aware_max_length < 2:
+            raise ValueError(f"key_aware_max_length must be >= 2 or null, got {key_aware_max_length}")
+        self.key_aware_examples, self.key_aware_every_n_epochs = key_aware_examples, key_aware_every_n_epochs
+        self.key_aware_max_length = key_aware_max_length
+        self._key_aware_probe: dict[str, Any] | None = None
+        self.probe_size, self.every_n_epochs, self.seed = probe_size, every_n_epochs, seed
+        self.num_plot_examples, self.max_probe_length = num_plot_examples, max_probe_length
+        self.output_dir = output_dir
+        self.plots, self.async_plots = plots, async_plots
+        self.plot_every_n_epochs = plot_every_n_epochs
+        self.per_head_scalars, self.wandb_tables = per_head_scalars, wandb_tables
+        self._head_rows: list[list] = []
+        self._last_epoch = 0
+        self._executor = None
+        self._pending: list = []
+        self._probe: dict[str, Any] | None = None
+        self.last_report: dict[str, Any] | None = None
+        self.last_metrics: dict[str, float] | None = None
+
+    # -------------------------------------------------------------------------------- probe set
+    def _out_dir(self, trainer: pl.Trainer) -> Path:
+        return Path(self.output_dir) if self.output_dir else Path(trainer.default_root_dir) / "identifiability"
+
+    def _build_probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        dm = getattr(trainer, "datamodule", None)
+        if dm is None:
+            raise RuntimeError(
+                "IdentifiabilityCallback needs trainer.datamodule (with val_dataset, collate and tokenizer): "
+                "pass datamodule= to trainer.fit/validate, or remove the callback (callbacks.identifiability=null)"
+            )
+        ds = getattr(dm, "val_dataset", None)
+        if ds is None or not hasattr(dm, "collate"):
+            raise RuntimeError(
+                "IdentifiabilityCallback needs trainer.datamodule.val_dataset and .collate; "
+                f"got {type(dm).__name__} with val_dataset={type(ds).__name__}"
+            )
+        model = pl_module.model
+        cap = self.max_probe_length or min(model.max_len, 2 * model.embed_dim + 2)
+        lengths = np.array([len(x) for x in ds["input_ids"]])
+        # docs/faithfulness.md, plausibility: with rationales, the probe prefers examples that have one.
+        rationales = ds["rationale"] if getattr(dm, "has_rationales", False) else None
+        preferred = None if rationales is None else [len(r) > 0 for r in rationales]
+        idx = select_probe_indices(lengths, self.probe_size, self.seed, cap, preferred=preferred)
+        if not idx:
+            raise RuntimeError(f"no validation example has 1 <= length <= max_probe_length={cap}")
+        too_long = int((lengths > cap).sum())
+        if too_long:
+            log.info("identifiability probe: %d of %d validation examples are longer than %d tokens and not eligible",
+                     too_long, len(lengths), cap)
+        rows = [ds[i] for i in idx]
+        batch = dm.collate(rows)
+        tokenizer = getattr(dm, "tokenizer", None)
+        tokens = None
+        if tokenizer is not None:
+            tokens = [[tokenizer.id_to_token(int(t)) or str(int(t)) for t in r["input_ids"]] for r in rows]
+        bounds = identifiable_length(model.head_combine, model.embed_dim, model.num_heads, model.value_dim)
+        probe = {"indices": idx, "lengths": [int(lengths[i]) for i in idx], "batch": batch, "tokens": tokens,
+                 "bounds": bounds, "max_probe_length": cap}
+        if rationales is not None:
+            probe["rationales"] = [[int(j) for j in rationales[i]] for i in idx]
+        if trainer.is_global_zero:
+            out = self._out_dir(trainer)
+            out.mkdir(parents=True, exist_ok=True)
+            meta = {k: probe[k] for k in ("indices", "lengths", "bounds", "max_probe_length")}
+            meta.update(seed=self.seed, probe_size=self.probe_size, split="validation",
+                        num_validation_examples=len(lengths), num_too_long=too_long)
+            (out / "probe.json").write_text(json.dumps(meta, indent=1))
+        n = np.array(probe["lengths"])
+        log.info("identifiability probe: %d examples, lengths %d-%d, %d above the head bound %d",
+                 len(idx), n.min(), n.max(), int((n > bounds["head"]).sum()), bounds["head"])
+        return probe
+
+    def _ensure_probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        if self._probe is None:
+            self._probe = self._build_probe(trainer, pl_module)
+        return self._probe
+
+    # ------------------------------------------------------------------------------------ hooks
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Fail at the start of training, not after the first epoch, when the data is unusable.
+        self._ensure_probe(trainer, pl_module)
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
+            return
+        probe = self._ensure_probe(trainer, pl_module)
+        if not trainer.is_global_zero:
+            return
+        t0 = time.perf_counter()
+        batch = probe["batch"]
+        report = attention_identifiability(
+            pl_module.model,
+            batch["input_ids"].to(pl_module.device),
+            batch["attention_mask"].to(pl_module.device),
+            return_maps=self._plots_now(trainer) and self.num_plot_examples > 0,
+        )
+        metrics = summarize_report(report)
+        bounds = probe["bounds"]
+        metrics["val/ident/identifiable_length"] = float(bounds["head"])
+        metrics["val/ident/joint_identifiable_length"] = float(bounds["joint"])
+        metrics["val/ident/compute_s"] = time.perf_counter() - t0
+        epoch = trainer.current_epoch
+        if self.key_aware_examples and self.key_aware_every_n_epochs and (epoch + 1) % self.key_aware_every_n_epochs == 0:
+            metrics.update(self._key_aware(trainer, pl_module, f"epoch_{epoch:03d}"))
+        for key, value in metrics.items():
+            if self.per_head_scalars or not _PER_HEAD_KEY.match(key):
+                pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
+        self.last_report, self.last_metrics, self._last_epoch = report, metrics, epoch
+        out = self._out_dir(trainer) / f"epoch_{epoch:03d}"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "ident_metrics.json").write_text(json.dumps(metrics, indent=1))
+        if self.wandb_tables and wandb_loggers(trainer):
+            import wandb
+
+            self._head_rows += head_rows(report, epoch)  # all epochs so far: the newest table shows the history
+            log_epoch_media(trainer, {"val/ident/heads": wandb.Table(columns=HEAD_COLUMNS, data=self._head_rows)},
+                            epoch, logged_step(trainer), same_row=True)
+        if self._plots_now(trainer):
+            self._plot(trainer, pl_module, report, probe, out)
+
+    # ------------------------------------------------------------------------------- key-aware
+    def _key_aware(self, trainer: pl.Trainer, pl_module: pl.LightningModule, folder: str) -> dict[str, float]:
+        """The key-aware count on the long probe sentences; writes ``<folder>/key_aware.json``."""
+        from .key_aware_probe import key_aware_batch, key_aware_metrics, select_key_aware_examples
+
+        if self._key_aware_probe is None:
+            dm, model = trainer.datamodule, pl_module.model
+            cap = min(self.key_aware_max_length or getattr(dm, "max_length", None) or model.max_len, model.max_len)
+            ds = dm.val_dataset
+            chosen = select_key_aware_examples([len(x) for x in ds["input_ids"]], self.key_aware_examples, cap, self.seed)
+            batch = key_aware_batch([ds[i] for i, _ in chosen], [n for _, n in chosen], model.pad_id)
+            self._key_aware_probe = {"indices": [i for i, _ in chosen], "batch": batch, "max_length": cap}
+        probe = self._key_aware_probe
+        metrics, record = key_aware_metrics(pl_module.model, probe["batch"], pl_module.device)
+        out = self._out_dir(trainer) / folder
+        out.mkdir(parents=True, exist_ok=True)
+        record.update(indices=probe["indices"], max_length=probe["max_length"], metrics=metrics)
+        (out / "key_aware.json").write_text(json.dumps(record))
+        return metrics
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.key_aware_examples and self.key_aware_every_n_epochs is None and trainer.is_global_zero:
+            # once, with the final weights: no epoch is being logged any more, so go to the loggers directly
+            metrics = self._key_aware(trainer, pl_module, "final")
+            trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
+        self._flush(trainer, wait=True)
+        if self.wandb_tables and self.last_report is not None and trainer.is_global_zero and wandb_loggers(trainer):
+            self._log_probe_table(trainer, pl_module)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.training:  # trainer.validate(): nothing runs after, so finish now
+            self._flush(trainer, wait=True)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._flush(trainer, wait=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None

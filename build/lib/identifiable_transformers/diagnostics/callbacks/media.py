@@ -1,0 +1,153 @@
+"""Figures and W&B media of the identifiability callback: heatmaps, the probe table, async rendering.
+
+Kept apart from the callback's hooks (callback.py), which decide *when* to diagnose; this module
+decides how results are drawn and sent. ``_render`` touches no trainer state, so it can run in a
+worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+
+from ...wandb_logging import log_epoch_media, logged_step, wandb_loggers
+from ..maths import attention_identifiability
+
+log = logging.getLogger(__name__)
+
+PROBE_COLUMNS = ["example", "length", "text", "layer", "head", "null_dim", "stochastic_null_dim", "identifiable",
+                 "alt_tv", "effective_gap", "attention"]
+
+
+def attention_image(weights: np.ndarray, pixels: int = 128) -> np.ndarray:
+    """An n x n attention map as an RGB uint8 heatmap (viridis, scaled to its max), about ``pixels`` wide."""
+    from matplotlib import colormaps
+
+    scaled = weights / max(float(weights.max()), 1e-12)
+    rgb = (colormaps["viridis"](scaled)[..., :3] * 255).astype(np.uint8)
+    k = max(1, pixels // max(weights.shape[0], 1))
+    return rgb.repeat(k, axis=0).repeat(k, axis=1)
+
+
+class IdentifiabilityMedia:
+    """Mixin of IdentifiabilityCallback: figures (sync or in a worker thread) and W&B media."""
+
+    # ------------------------------------------------------------------------------------ plots
+    def _plots_now(self, trainer: pl.Trainer) -> bool:
+        epoch = trainer.current_epoch
+        last = trainer.max_epochs is not None and epoch == trainer.max_epochs - 1
+        return self.plots and ((epoch + 1) % self.plot_every_n_epochs == 0 or last)
+
+    def _plot_positions(self, lengths: list[int]) -> list[int]:
+        """Probe positions to draw: spread over the upper three quarters of the length range."""
+        k = min(self.num_plot_examples, len(lengths))
+        if k == 0:
+            return []
+        quantiles = np.linspace(0.25, 1.0, k) if k > 1 else np.array([0.75])
+        return sorted({int(round(q * (len(lengths) - 1))) for q in quantiles})
+
+    def _plot(self, trainer, pl_module, report, probe, out: Path) -> None:
+        """Copy what the figures need, then render them (in a worker thread when ``async_plots``)."""
+        model = pl_module.model
+        epoch = trainer.current_epoch
+        job: dict[str, Any] = {
+            "out": out, "epoch": epoch, "step": logged_step(trainer),
+            "lengths": report["lengths"].numpy(), "null_dim": report["null_dim"].numpy(),
+            "stochastic_null_dim": report["stochastic_null_dim"].numpy(),
+            "model": dict(embed_dim=model.embed_dim, num_heads=model.num_heads, value_dim=model.value_dim,
+                          head_combine=model.head_combine), "examples": [],
+        }
+        for pos in self._plot_positions(probe["lengths"]) if "maps" in report else []:
+            n = int(report["lengths"][pos])
+            m = report["maps"][pos]
+            job["examples"].append({
+                "index": probe["indices"][pos], "n": n,
+                "tokens": probe["tokens"][pos][:n] if probe["tokens"] is not None else [str(i) for i in range(n)],
+                **{k: m[k].numpy() for k in ("attention", "effective", "alternative")},
+                **{k: report[k][pos].numpy() for k in ("alt_attention_tv", "witness_rel_error", "null_dim",
+                                                       "stochastic_null_dim")},
+            })
+        background = self.async_plots if self.async_plots is not None else pl_module.device.type != "cpu"
+        if background:
+            self._flush(trainer, wait=False)
+            if self._executor is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ident-plots")
+            self._pending.append(self._executor.submit(_render, job))
+        else:  # before Lightning logs this epoch's scalars: the images join their history row
+            self._log_wandb(trainer, _render(job), same_row=True)
+
+    def _flush(self, trainer: pl.Trainer, wait: bool) -> None:
+        """Send finished renders to W&B from the main thread (all of them when ``wait``)."""
+        still = []
+        for fut in self._pending:
+            if wait or fut.done():
+                try:
+                    self._log_wandb(trainer, fut.result())
+                except Exception as err:  # a failed figure must not kill training
+                    log.warning("identifiability plots failed: %s", err)
+            else:
+                still.append(fut)
+        self._pending = still
+
+    def _log_probe_table(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Every probe example, layer and head of the final model: text, null dims, verdict, attention."""
+        import wandb
+
+        probe, batch = self._probe, self._probe["batch"]
+        report = attention_identifiability(pl_module.model, batch["input_ids"].to(pl_module.device),
+                                           batch["attention_mask"].to(pl_module.device), return_maps=True)
+        rows = []
+        for pos, index in enumerate(probe["indices"]):
+            n = int(report["lengths"][pos])
+            text = " ".join(probe["tokens"][pos][:n]) if probe["tokens"] is not None else ""
+            attention = report["maps"][pos]["attention"].numpy()  # [L, H, n, n]
+            for l in range(attention.shape[0]):
+                for h in range(attention.shape[1]):
+                    nd = int(report["null_dim"][pos, l, h])
+                    rows.append([index, n, text, l, h, nd, int(report["stochastic_null_dim"][pos, l, h]), nd == 0,
+                                 float(report["alt_attention_tv"][pos, l, h]), float(report["effective_gap"][pos, l, h]),
+                                 wandb.Image(attention_image(attention[l, h]))])
+        log_epoch_media(trainer, {"val/ident/probe": wandb.Table(columns=PROBE_COLUMNS, data=rows)},
+                        self._last_epoch, logged_step(trainer), same_row=False)
+
+    @staticmethod
+    def _log_wandb(trainer: pl.Trainer, rendered: dict[str, Any], same_row: bool = False) -> None:
+        """Log one epoch's figures with that epoch's ``epoch`` and ``trainer/global_step``."""
+        if not wandb_loggers(trainer):
+            return
+        import wandb
+
+        images = {"val/ident/null_dim_vs_length": [wandb.Image(p) for p in rendered["null_dim_vs_length"]]}
+        if rendered["attention"]:
+            images["val/ident/attention"] = [wandb.Image(p, caption=c)
+                                             for p, c in zip(rendered["attention"], rendered["captions"])]
+        log_epoch_media(trainer, images, rendered["epoch"], rendered["step"], same_row)
+
+
+def _render(job: dict[str, Any]) -> dict[str, Any]:
+    """Draw and save one epoch's figures (runs in the plot thread: touches no trainer state)."""
+    from ..render.plots import plot_attention_maps, plot_null_dim_vs_length, save_figure
+
+    out, epoch, cfg = job["out"], job["epoch"], job["model"]
+    fig = plot_null_dim_vs_length(
+        job["lengths"], job["null_dim"], job["stochastic_null_dim"], **cfg,
+        title=f"epoch {epoch}: null dims vs length ({cfg['head_combine']}, d={cfg['embed_dim']}, "
+              f"h={cfg['num_heads']}, d_v={cfg['value_dim']})",
+    )
+    rendered = {"epoch": epoch, "step": job["step"], "null_dim_vs_length": [str(save_figure(fig, out / "null_dim_vs_length.png"))],
+                "attention": [], "captions": []}
+    for ex in job["examples"]:
+        fig = plot_attention_maps(
+            ex["attention"], ex["effective"], ex["alternative"], tokens=ex["tokens"], alt_tv=ex["alt_attention_tv"],
+            rel_error=ex["witness_rel_error"], null_dim=ex["null_dim"], stochastic_null_dim=ex["stochastic_null_dim"],
+            title=f"epoch {epoch}, validation example {ex['index']} (n={ex['n']})",
+        )
+        rendered["attention"].append(str(save_figure(fig, out / f"attention_val{ex['index']}.png")))
+        rendered["captions"].append(f"val example {ex['index']}, n={ex['n']}")
+    return rendered

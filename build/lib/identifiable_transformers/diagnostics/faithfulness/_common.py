@@ -1,0 +1,80 @@
+"""Shared helpers of the faithfulness package: input checks, eval mode with autograd, scorable tokens, orders."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+
+@contextmanager
+def _eval_with_grad(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode (no dropout), autograd usable even inside Lightning's validation inference_mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode(False), torch.enable_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def _inputs(model, input_ids: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Normal (non-inference) copies of the inputs, with the checks every entry point needs."""
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
+    mask = input_ids != model.pad_id if attention_mask is None else attention_mask.bool()
+    if mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask shape {tuple(mask.shape)} does not match input_ids {tuple(input_ids.shape)}")
+    if not bool(mask[:, 0].all()):
+        raise ValueError("position 0 (<cls>) must be a real token in every example: pad on the right")
+    return input_ids.clone(), mask.clone()
+
+
+def _scorable(mask: Tensor) -> Tensor:
+    """Real tokens other than <cls>: the ones explainers score and erasure removes."""
+    s = mask.clone()
+    s[:, 0] = False
+    return s
+
+
+def _finish(scores: Tensor, mask: Tensor) -> Tensor:
+    """float32 on the inputs' device, 0 at <cls> and at padding."""
+    return torch.where(_scorable(mask), scores.detach().float(), torch.zeros((), device=scores.device))
+
+
+def _pooled_rows(model, A: Tensor, mask: Tensor) -> Tensor:
+    """The pooled query's row of attention maps A (B, ..., T, T) -> (B, ..., T).
+
+    cls pooling reads query 0; mean pooling averages the rows of the real queries.
+    """
+    if model.pooling == "cls":
+        return A[..., 0, :]
+    m = mask.to(A.dtype).view(mask.shape[0], *([1] * (A.dim() - 3)), mask.shape[1], 1)
+    return (A * m).sum(-2) / m.sum(-2).clamp_min(1.0)
+
+
+def _logits(model, input_ids: Tensor, mask: Tensor) -> Tensor:
+    return model(input_ids, mask).logits
+
+
+def _order(scores: Tensor, mask: Tensor) -> Tensor:
+    """Positions by decreasing score (ties: lower position first); non-scorable positions last."""
+    s = torch.where(_scorable(mask), scores.double(), torch.full_like(scores, -math.inf, dtype=torch.float64))
+    return torch.sort(s, dim=1, descending=True, stable=True).indices
+
+
+def _top_masks(order: Tensor, counts: Tensor, T: int) -> Tensor:
+    """(B, T) order, (B, K) counts -> (B, K, T) bool: True at the first ``counts`` positions of the order."""
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(T, device=order.device).expand_as(order))  # rank of each position
+    return rank[:, None, :] < counts[:, :, None]
+
+
+def _nanmean(x: Tensor) -> float:
+    x = x.double()
+    ok = ~torch.isnan(x)
+    return float(x[ok].mean()) if ok.any() else math.nan

@@ -1,0 +1,75 @@
+"""Running the masked copies of erasure: the exact one-layer <cls> shortcut, else chunked forward passes."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+# Upper bound on tokens per forward pass of the erasure copies (keeps memory flat on long probes).
+_CHUNK_TOKENS = 1 << 17
+
+
+class _ClsReadout:
+    """Exact shortcut for one-layer models with cls pooling (the default model): the prediction reads only
+    the ``<cls>`` output, which depends on the other tokens only through the ``<cls>`` query's attention row.
+
+    Erasure never changes a remaining token's embedding (positions stay), so queries, keys and values
+    are computed once per example; each masked copy then costs one softmax over its keys and one
+    weighted sum, instead of a full forward over all positions. Position 0 then goes through the layer's
+    own ``residual_blocks`` (tests compare it with running the shorter sequence).
+    """
+
+    def __init__(self, model, input_ids: Tensor):
+        layer = model.layers[0]
+        self.model, self.layer, self.attn = model, layer, layer.attn
+        x, _ = model._embed(input_ids, None)  # (B, T, d); eval mode: no dropout
+        q, k, v = self.attn._project(layer.attention_input(x))
+        self.x0 = x[:, :1]  # (B, 1, d)
+        self.scores = (q[:, :, :1] @ k.transpose(-2, -1)).squeeze(2) / math.sqrt(self.attn.key_dim)  # (B, H, T)
+        self.v = v  # (B, H, T, dv)
+
+    @staticmethod
+    def applies(model) -> bool:
+        return model.num_layers == 1 and model.pooling == "cls"
+
+    def weights(self, example: Tensor, masks: Tensor) -> Tensor:
+        """The <cls> query's attention row of each masked copy: (S,) and (S, T) -> (S, H, T)."""
+        return self.scores[example].masked_fill(~masks[:, None, :], -math.inf).softmax(-1)
+
+    def logits(self, example: Tensor, weights: Tensor) -> Tensor:
+        """Logits when the <cls> query of copy s (of example ``example[s]``) attends with ``weights[s]`` (S, H, T)."""
+        heads = weights.new_empty(*weights.shape[:2], self.v.shape[-1])  # (S, H, dv)
+        for b in example.unique().tolist():  # one batched matmul per example: no (S, H, T, dv) gather
+            rows = (example == b).nonzero().flatten()
+            heads[rows] = torch.einsum("sht,htv->shv", weights[rows], self.v[b])
+        return self._finish(example, heads)
+
+    def _finish(self, example: Tensor, heads: Tensor) -> Tensor:
+        attn = self.attn
+        a = attn.out_proj(attn._combine(heads.unsqueeze(2)))  # (S, 1, d)
+        x = self.layer.residual_blocks(self.x0[example], a)
+        return self.model.head(self.model.final_norm(x)[:, 0])
+
+
+def _masked_probs(model, input_ids: Tensor, example: Tensor, masks: Tensor) -> Tensor:
+    """Class probabilities of example ``example[s]`` seen through ``masks[s]``: (S,) and (S, T) -> (S, C).
+
+    One-layer cls-pooling models use the exact ``_ClsReadout`` shortcut. Otherwise rows run through the
+    model in order, in chunks, each cut to its last real position, so examples sorted by length waste
+    little on padding.
+    """
+    out = []
+    T = input_ids.shape[1]
+    with torch.no_grad():
+        if _ClsReadout.applies(model):
+            readout = _ClsReadout(model, input_ids)
+            out.append(readout.logits(example, readout.weights(example, masks)).float().softmax(-1))
+        else:
+            step = max(1, _CHUNK_TOKENS // max(T, 1))
+            for i in range(0, masks.shape[0], step):
+                m = masks[i : i + step]
+                t = int(m.any(0).nonzero().max()) + 1
+                out.append(model(input_ids[example[i : i + step], :t], m[:, :t]).logits.float().softmax(-1))
+    return torch.cat(out) if out else masks.new_zeros(0, 0, dtype=torch.float32)

@@ -1,0 +1,234 @@
+"""Self-contained HTML identifiability report for a few inputs (used by ``analyze.py``).
+
+Per example: the text, the prediction, and per layer and head the null dims, the identifiable
+length, the witness alternative's TV distance and the check that it reproduces the head output
+(relative error of A'T vs AT), with raw / effective / witness heatmaps embedded as base64 PNGs
+(also written as PNG files next to the HTML). Under the maps, one token heat-strip per explainer of
+``faithfulness.faithfulness_report`` with the example's comprehensiveness, sufficiency, tau with
+leave-one-out and decision-flip fraction beside it (docs/faithfulness.md). When the examples come with
+rationales (a dataset split that has them), the rationale tokens are underlined on every strip and each
+explainer's rationale_auprc and rationale_f1 join the metrics.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..maths import attention_identifiability, identifiable_length, key_aware_alternative_dims
+
+__all__ = ["build_report", "tokens_for_batch"]
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
+th{background:#f3f3f3}td.l,th.l{text-align:left}.ok{color:#17702a;font-weight:600}.bad{color:#b3261e;font-weight:600}
+.text{background:#f7f7f7;padding:.6em;border-left:3px solid #999;white-space:pre-wrap}
+img{max-width:100%;border:1px solid #ddd}code{background:#f3f3f3;padding:0 3px}
+td.strip{text-align:left;line-height:1.9}.tok{padding:1px 2px;margin:0 1px;border-radius:2px}
+.rat{border-bottom:3px solid #222}
+"""
+_STRIP_METRICS = (("comprehensiveness", "compr. ↑"), ("sufficiency", "suff. ↓"), ("tau_loo", "τ with loo ↑"),
+                  ("flip_frac", "flip frac. ↓"))
+_RATIONALE_METRICS = (("rationale_auprc", "AUPRC rat. ↑"), ("rationale_f1", "F1 rat. ↑"))
+
+
+def _faithfulness(model, input_ids, attention_mask, rationale_mask=None) -> dict:
+    from ..faithfulness import faithfulness_report
+
+    return faithfulness_report(model, input_ids, attention_mask, rationale_mask=rationale_mask)
+
+
+def heat_strip(tokens: Sequence[str], scores: Sequence[float], marked: Sequence[int] = ()) -> str:
+    """Tokens as spans shaded by score / max |score| (red positive, blue negative); the value in data-score.
+
+    Tokens at the ``marked`` indices (the rationale) are underlined and carry data-rationale='1'.
+    """
+    top = max((abs(float(x)) for x in scores), default=0.0) or 1.0
+    marked = set(marked)
+    spans = []
+    for i, (tok, x) in enumerate(zip(tokens, scores)):
+        a = abs(float(x)) / top
+        rgb = "214,39,40" if x >= 0 else "31,119,180"
+        mark = " rat' data-rationale='1" if i in marked else ""
+        spans.append(f"<span class='tok{mark}' data-score='{float(x):.6g}' title='{float(x):.4g}' "
+                     f"style='background:rgba({rgb},{a:.3f})'>{html.escape(tok)}</span>")
+    return "".join(spans)
+
+
+def _faithfulness_rows(faith: dict, b: int, tokens: Sequence[str], n: int,
+                       rationale: Sequence[int] | None = None) -> tuple[str, dict]:
+    """The example's strips table (tokens 1..n-1: position 0, <cls>, is never scored) and its JSON record.
+
+    ``rationale``: the example's rationale positions (into its tokens), underlined on every strip.
+    """
+    record = {"metrics": {}, "scores": {}}
+    columns = _STRIP_METRICS + (_RATIONALE_METRICS if rationale is not None else ())
+    marked = [j - 1 for j in rationale or () if 1 <= j < n]  # strip index = position - 1
+    rows = []
+    for e, s in faith["scores"].items():
+        values = [float(x) for x in s[b, 1:n]]
+        metrics = {m: float(faith["per_example"][f"{e}/{m}"][b]) for m, _ in columns
+                   if f"{e}/{m}" in faith["per_example"]}
+        metrics = {m: v if math.isfinite(v) else None for m, v in metrics.items()}  # tau is undefined for n < 3
+        record["scores"][e], record["metrics"][e] = [0.0, *values], metrics
+        cells = "".join(f"<td>{metrics[m]:.3f}</td>" if metrics.get(m) is not None else "<td>n/a</td>"
+                        for m, _ in columns)
+        rows.append(f"<tr data-explainer='{html.escape(e)}'><th class='l'>{html.escape(e)}</th>"
+                    f"<td class='strip'>{heat_strip(list(tokens)[1:n], values, marked)}</td>{cells}</tr>")
+    if rationale is not None:
+        record["rationale"] = [int(j) for j in rationale]
+    head = "<tr><th class='l'>explainer</th><th class='l'>tokens 1..n−1</th>" + "".join(
+        f"<th>{label}</th>" for _, label in columns) + "</tr>"
+    return "<table class='faith'>" + head + "".join(rows) + "</table>", record
+
+
+def tokens_for_batch(tokenizer, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[str]]:
+    """Token strings of each example's real tokens (``id_to_token``; unknown ids shown as numbers)."""
+    out = []
+    for ids, m in zip(input_ids.tolist(), attention_mask.bool().tolist()):
+        out.append([(tokenizer.id_to_token(i) if tokenizer is not None else None) or str(i)
+                    for i, keep in zip(ids, m) if keep])
+    return out
+
+
+def _verdict(null_dim: int, stoch: int, tv: float) -> str:
+    if stoch == 0:
+        return ('<span class="ok">identifiable</span>' if null_dim == 0 else
+                '<span class="ok">identifiable among distributions</span>')
+    return f'<span class="bad">not identifiable</span>: a different map (TV {tv:.3f}) gives the same output'
+
+
+def build_report(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    output_dir: str | Path,
+    *,
+    tokens: Sequence[Sequence[str]],
+    texts: Sequence[str] | None = None,
+    label_names: Sequence[str] | None = None,
+    title: str = "Attention identifiability report",
+    meta: dict[str, Any] | None = None,
+    key_aware: bool = False,
+    faithfulness: bool = True,
+    rationales: Sequence[Sequence[int]] | None = None,
+) -> Path:
+    """Write ``report.html`` (images embedded), ``example{i}.png`` and ``report.json``; return the HTML path.
+
+    ``tokens[i]`` are example i's real-token strings; ``key_aware`` adds the docs/identifiability.md 2.5 count of
+    alternatives the head itself could generate (dense Jacobians: slow beyond ~40 tokens); ``faithfulness``
+    adds the explainers' heat-strips and per-example metrics (docs/faithfulness.md); ``rationales[i]`` (token
+    positions into example i, from a dataset split that has rationales) underlines them on the strips and
+    adds the plausibility metrics.
+    """
+    from .plots import figure_to_png, plot_attention_maps
+
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model_was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        probs = model(input_ids, attention_mask).logits.softmax(-1).cpu()
+    model.train(model_was_training)
+    rep = attention_identifiability(model, input_ids, attention_mask, return_maps=True)
+    ka = key_aware_alternative_dims(model, input_ids, attention_mask) if key_aware else None
+    bounds = identifiable_length(model.head_combine, model.embed_dim, model.num_heads, model.value_dim)
+    B, L, H = rep["null_dim"].shape
+    rationale_mask = None
+    if rationales is not None:
+        from ..faithfulness import rationale_mask as to_mask
+
+        rationale_mask = to_mask(rationales, input_ids.shape[1])
+    faith = _faithfulness(model, input_ids, attention_mask, rationale_mask) if faithfulness else None
+    faith_records = []
+
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    cfg = {"head_combine": model.head_combine, "embed_dim d": model.embed_dim, "num_heads h": model.num_heads,
+           "key_dim": model.key_dim, "value_dim d_v": model.value_dim, "num_layers": model.num_layers,
+           **(meta or {})}
+    parts.append("<table>" + "".join(f"<tr><th class='l'>{html.escape(str(k))}</th><td class='l'>"
+                                     f"{html.escape(str(v))}</td></tr>" for k, v in cfg.items()) + "</table>")
+    parts.append(
+        "<p>A head's map A is <b>identifiable</b> when no other attention map gives the same head output A·T, "
+        "T = V W<sub>o</sub><sup>h</sup> on the example's real tokens (docs/identifiability.md §2). "
+        f"For this model a head is identifiable up to <b>n = {bounds['head']}</b> tokens "
+        f"(<b>{bounds['head_stochastic']}</b> among row-stochastic maps); from the layer's summed output the "
+        f"{model.num_heads} heads are jointly identifiable only up to n = {bounds['joint']} "
+        f"({bounds['joint_stochastic']} row-stochastic). "
+        "<i>null</i> = n − rank(T); <i>stoch. null</i> = n − rank([T, 1]); the <i>witness</i> A' is a constructed "
+        "non-negative, row-stochastic map with A'T = AT; its TV distance to A (max over query rows) shows how "
+        "different an equally valid explanation can be; <i>rel. err.</i> = ‖A'T − AT‖/‖AT‖ checks it. "
+        "<i>eff. gap</i> = ‖A − A<sub>eff</sub>‖/‖A‖, the share of attention the output cannot see (Brunner's "
+        "effective attention).</p>")
+    records = []
+    for b in range(B):
+        n = int(rep["lengths"][b])
+        pred = int(probs[b].argmax())
+        label = label_names[pred] if label_names is not None and pred < len(label_names) else str(pred)
+        parts.append(f"<h2>Example {b} — n = {n} tokens</h2>")
+        if texts is not None:
+            parts.append(f"<div class='text'>{html.escape(texts[b])}</div>")
+        parts.append(f"<p>Prediction: <b>{html.escape(label)}</b> (p = {float(probs[b, pred]):.3f}). "
+                     f"Tokens: <code>{html.escape(' '.join(tokens[b]))}</code></p>")
+        head_cols = ["layer", "head", "null", "stoch. null", "verdict", "witness TV", "rel. err. A'T vs AT",
+                     "eff. gap", "σmin/σmax", "entropy"] + (["key-aware alt. dim", "key-agnostic"] if ka else [])
+        rows = []
+        for l in range(L):
+            for h in range(H):
+                r = {"example": b, "layer": l, "head": h, "length": n,
+                     **{k: (int(rep[k][b, l, h]) if rep[k].dtype == torch.long else float(rep[k][b, l, h]))
+                        for k in ("null_dim", "stochastic_null_dim", "alt_attention_tv", "witness_rel_error",
+                                  "effective_gap", "sigma_ratio", "attention_entropy", "tol")}}
+                if ka:
+                    r["key_aware_alternative_dim"] = int(ka["alternative_dim"][b, l, h])
+                    r["key_agnostic_dim"] = int(ka["key_agnostic_dim"][b, l, h])
+                records.append(r)
+                cells = [l, h, r["null_dim"], r["stochastic_null_dim"],
+                         _verdict(r["null_dim"], r["stochastic_null_dim"], r["alt_attention_tv"]),
+                         f"{r['alt_attention_tv']:.3f}", f"{r['witness_rel_error']:.1e}", f"{r['effective_gap']:.3f}",
+                         f"{r['sigma_ratio']:.1e}", f"{r['attention_entropy']:.2f}"]
+                if ka:
+                    cells += [r["key_aware_alternative_dim"], r["key_agnostic_dim"]]
+                rows.append("<tr>" + "".join(f"<td{' class=l' if i == 4 else ''}>{c}</td>"
+                                             for i, c in enumerate(cells)) + "</tr>")
+        parts.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in head_cols) + "</tr>" + "".join(rows)
+                     + "</table>")
+        parts.append("<p>Layer-level joint null dim (H·n − rank of the stacked T's): "
+                     + ", ".join(f"layer {l}: {int(rep['joint_null_dim'][b, l])}" for l in range(L)) + "</p>")
+        m = rep["maps"][b]
+        fig = plot_attention_maps(m["attention"], m["effective"], m["alternative"], tokens=list(tokens[b])[:n],
+                                  alt_tv=rep["alt_attention_tv"][b], rel_error=rep["witness_rel_error"][b],
+                                  null_dim=rep["null_dim"][b], stochastic_null_dim=rep["stochastic_null_dim"][b],
+                                  title=f"example {b} (n={n}): raw | effective | witness alternative")
+        png = figure_to_png(fig)
+        (out / f"example{b}.png").write_bytes(png)
+        parts.append(f"<img alt='attention maps of example {b}' src='data:image/png;base64,"
+                     f"{base64.b64encode(png).decode()}'>")
+        if faith is not None:
+            table, record = _faithfulness_rows(faith, b, tokens[b], n,
+                                               None if rationales is None else rationales[b])
+            parts.append("<h3>Token explanations and their faithfulness</h3><p>Each token shaded by the explainer's "
+                         "score relative to its largest |score| (red positive, blue negative; hover for the value). "
+                         "compr. = drop in p(prediction) when the top tokens are removed (higher is more faithful); "
+                         "suff. = drop when only they are kept (lower); τ = Kendall τ-b with leave-one-out; flip "
+                         "frac. = share of tokens removed in the explainer's order before the prediction changes "
+                         "(lower). AOPC over 1, 5, 10, 20, 50% of the tokens; see docs/faithfulness.md."
+                         + (" <span class='rat'>Underlined</span> tokens are the dataset's rationale; AUPRC and F1 "
+                            "rat. score each explainer against it (higher is more plausible)."
+                            if rationales is not None else "") + "</p>" + table)
+            faith_records.append({"example": b, **record})
+    parts.append("</body></html>")
+    path = out / "report.html"
+    path.write_text("\n".join(parts), encoding="utf-8")
+    (out / "report.json").write_text(json.dumps({"bounds": bounds, "config": cfg, "heads": records,
+                                                  **({"faithfulness": faith_records} if faith else {})}, indent=1))
+    return path

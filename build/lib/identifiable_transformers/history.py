@@ -1,0 +1,82 @@
+"""The per-epoch metrics of a run, as ``metrics_history.csv`` beside ``metrics.json``: a learning curve without W&B.
+
+One row per training epoch: ``epoch``, ``step`` (the global step at its end), then every scalar metric the
+run logs per epoch (``train/*``, ``val/*``, including ``val/acc_best`` and the diagnostics' ``val/ident/*`` and
+``val/faith/*``). Validation metrics are taken when that epoch's validation ends, so an epoch without
+validation has empty ``val/*`` cells instead of the previous epoch's values. The rows travel in the checkpoint,
+so a run resumed into a new folder writes the whole history, and the file is rewritten (atomically) after every
+epoch, so a killed run keeps the epochs it finished.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+
+FILENAME = "metrics_history.csv"
+
+
+def scalar_metrics(metrics: dict) -> dict[str, float]:
+    """The scalar entries of Lightning's ``callback_metrics`` as floats."""
+    return {k: float(v) for k, v in metrics.items()
+            if isinstance(v, (int, float)) or getattr(v, "numel", lambda: 0)() == 1}
+
+
+class MetricsHistory(pl.Callback):
+    def __init__(self, output_dir: str | os.PathLike):
+        self.path = Path(output_dir) / FILENAME
+        self.rows: list[dict[str, Any]] = []
+        self._val: dict[str, Any] | None = None  # this epoch's validation metrics, until the epoch ends
+
+    @property
+    def state_key(self) -> str:
+        return "MetricsHistory"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows, "val": self._val}
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._stage = stage  # called before Lightning restores a checkpoint's callback states
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # Only a resumed fit continues the history: trainer.test(ckpt_path=<best>) restores callback states
+        # too, and would roll the history back to the best epoch's.
+        if getattr(self, "_stage", "fit") == "fit":
+            self.rows, self._val = list(state.get("rows") or []), state.get("val")
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        val = {k: v for k, v in scalar_metrics(trainer.callback_metrics).items() if k.startswith("val/")}
+        self._val = {"epoch": trainer.current_epoch, **val}
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.fast_dev_run:
+            return
+        epoch = trainer.current_epoch
+        train = {k: v for k, v in scalar_metrics(trainer.callback_metrics).items() if not k.startswith("val/")}
+        val = {k: v for k, v in (self._val or {}).items() if k != "epoch"} if (self._val or {}).get("epoch") == epoch else {}
+        self.rows = [r for r in self.rows if r["epoch"] != epoch]  # an epoch replayed after a resume: its newest row
+        self.rows.append({"epoch": epoch, "step": trainer.global_step, **train, **val})
+        self._val = None
+        if trainer.is_global_zero:
+            self.write()
+
+    def final_metrics(self) -> dict[str, float]:
+        """The last epoch's metrics (what ``callback_metrics`` holds at the end of a run that trained it)."""
+        return {k: v for k, v in (self.rows[-1] if self.rows else {}).items() if k not in ("epoch", "step")}
+
+    def write(self) -> Path:
+        columns = ["epoch", "step", *sorted({k for row in self.rows for k in row} - {"epoch", "step"})]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(self.rows)
+        os.replace(tmp, self.path)
+        return self.path

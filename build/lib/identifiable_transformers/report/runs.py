@@ -1,0 +1,123 @@
+"""The runs of a sweep (one row per job's ``metrics.json``), its failed jobs, and the results table
+(mean ± std per configuration)."""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from ..cli import UserError
+from .markdown import markdown_table
+
+
+class ReportWarning(UserWarning):
+    """A run the report skips, or leaves out of a table (the command line prints it as ``warning: ...``)."""
+
+COLUMNS = {  # column -> key in metrics.json["metrics"]
+    "test_acc": "test/acc",
+    "test_f1": "test/f1",
+    "val_acc_best": "val/acc_best",
+    "identifiable_frac": "val/ident/identifiable_frac",
+    "null_dim": "val/ident/null_dim",
+    "stochastic_null_dim": "val/ident/stochastic_null_dim",
+    "alt_tv": "val/ident/alt_tv",
+    "uniform_acc_gap": "val/faith/uniform_acc_gap",
+}
+GROUP = ["data", "head_combine", "embed_dim", "num_heads", "key_dim", "value_dim"]
+
+
+def _natural(name: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]  # job 10 after job 9
+
+
+def _check_sweep_dir(sweep_dir: Path) -> None:
+    if not sweep_dir.exists():
+        raise FileNotFoundError(f"{sweep_dir} does not exist: pass the directory of a finished sweep "
+                                "(e.g. logs/train/multiruns/<date>) or run")
+    if not sweep_dir.is_dir():
+        raise UserError(f"{sweep_dir} is a file, not a folder: pass the directory of a finished sweep "
+                        "(e.g. logs/train/multiruns/<date>) or run")
+
+
+def _metrics_files(sweep_dir: Path) -> list[Path]:
+    # a run's W&B folder holds a copy (files/metrics.json): count each run once
+    return sorted(f for f in sweep_dir.rglob("metrics.json") if "wandb" not in f.relative_to(sweep_dir).parts)
+
+
+def failed_jobs(sweep_dir: Path) -> list[str]:
+    """The job folders of a sweep (those Hydra gave a ``.hydra/``) that hold no ``metrics.json``: jobs that
+    failed, or have not finished. Their names relative to ``sweep_dir``, in job order."""
+    sweep_dir = Path(sweep_dir)
+    jobs = {d.parent for d in sweep_dir.rglob(".hydra") if d.is_dir()
+            and "wandb" not in d.relative_to(sweep_dir).parts}
+    done = {f.parent for f in _metrics_files(sweep_dir)}
+    return sorted((str(j.relative_to(sweep_dir)) or "." for j in jobs - done), key=_natural)
+
+
+def _row(result: dict, run: str, run_dir: Path) -> dict:
+    model, metrics = result["config"]["model"], result["metrics"]
+    d, h, combine = model["embed_dim"], model["num_heads"], model["head_combine"]
+    return {
+        "run": run,
+        "data": result["config"]["data"],
+        "seed": result["config"]["seed"],
+        "head_combine": combine,
+        "embed_dim": d,
+        "num_heads": h,
+        # resolve the null defaults as the model does (docs/identifiability.md section 3)
+        "key_dim": model["key_dim"] or d // h,
+        "value_dim": model["value_dim"] or (d // h if combine == "concat" else d),
+        "best_epoch": result.get("best_epoch"),
+        "runtime_s": result.get("runtime_s"),
+        **{col: metrics.get(key) for col, key in COLUMNS.items()},
+        # every faithfulness metric, per-epoch ones and the end-of-fit val/faith/final/*
+        **{k[len("val/"):]: v for k, v in sorted(metrics.items())
+           if k.startswith("val/faith/") and k != "val/faith/uniform_acc_gap"},
+        "_dir": str(run_dir),
+        "_best_model_path": result.get("best_model_path"),
+    }
+
+
+def load_runs(sweep_dir: Path) -> pd.DataFrame:
+    """One row per job's ``metrics.json``. A file that is not JSON (truncated) is an error naming it; a
+    run whose metrics.json lacks what the tables need (``config``, ``metrics``, the model settings) is
+    skipped with a :class:`ReportWarning`."""
+    sweep_dir = Path(sweep_dir)
+    _check_sweep_dir(sweep_dir)
+    files = _metrics_files(sweep_dir)
+    if not files:
+        failed = failed_jobs(sweep_dir)
+        also = f" ({len(failed)} job folder(s) without one: failed or unfinished)" if failed else ""
+        raise FileNotFoundError(f"no metrics.json under {sweep_dir}{also}: pass the directory of a finished sweep")
+    rows = []
+    for f in files:
+        try:
+            result = json.loads(f.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"{f} is not valid JSON ({e}): the file is truncated or damaged. Rerun that job, or "
+                            f"move its folder out of {sweep_dir}") from None
+        run = str(f.parent.relative_to(sweep_dir))
+        try:
+            rows.append(_row(result, run, f.parent))
+        except (KeyError, TypeError, AttributeError) as e:  # someone else's file, or an older train.py's
+            what = f"has no {e.args[0]!r}" if isinstance(e, KeyError) else f"is not laid out as train.py writes it ({e})"
+            warnings.warn(f"{run}: skipped, {f} {what}", ReportWarning, stacklevel=2)
+    if not rows:
+        raise UserError(f"no run under {sweep_dir} has a usable metrics.json (each was skipped, see the warnings)")
+    return pd.DataFrame(rows)
+
+
+def summarise(runs: pd.DataFrame) -> pd.DataFrame:
+    present = [c for c in COLUMNS if c in runs and runs[c].notna().any()]
+    table = runs.groupby(GROUP)[present].agg(["mean", "std"])
+    table.columns = [f"{c}_{stat}" for c, stat in table.columns]
+    table["runs"] = runs.groupby(GROUP).size()
+    return table.reset_index()
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    return markdown_table(table, GROUP)

@@ -1,0 +1,334 @@
+"""What ``train.py`` runs: build data, model, callbacks, loggers and trainer from a Hydra config,
+fit, test the best checkpoint, and write ``metrics.json`` in the run directory."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import time
+import warnings
+from pathlib import Path
+
+import hydra
+import lightning.pytorch as pl
+import torch
+from filelock import FileLock
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities.seed import isolate_rng
+from omegaconf import DictConfig, OmegaConf
+
+from .checkpoint import CheckpointError, check_compatible, read_checkpoint
+from .config_checks import check_config
+from .data.cache import writable
+from .data.sources import host_reachable
+from .data.tokenizer import tokenizer_from_str
+from .history import MetricsHistory
+from .quiet import ModelSummary, silence_known_noise
+from .run_checks import check_resume_batch_size, check_run_folder
+from .wandb_logging import log_run_end
+
+log = logging.getLogger(__name__)
+
+
+def configure_wandb_mode() -> None:
+    """Never let W&B block a run: log offline without an API key or without a route to W&B."""
+    if os.environ.get("WANDB_MODE"):
+        return
+    has_key = bool(os.environ.get("WANDB_API_KEY")) or _wandb_netrc_key()
+    if not has_key:
+        reason = "no W&B API key is configured"
+    elif not host_reachable("api.wandb.ai"):
+        reason = "api.wandb.ai is unreachable"
+    else:
+        return
+    os.environ["WANDB_MODE"] = "offline"
+    log.warning("W&B logs offline because %s; upload later with `wandb sync <run dir>/wandb/offline-run-*`", reason)
+
+
+def _wandb_netrc_key() -> bool:
+    import netrc
+
+    try:
+        auth = netrc.netrc().authenticators("api.wandb.ai")
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return False
+    return bool(auth and auth[2])
+
+
+def _hydra_runtime() -> tuple[bool, str, str]:
+    """(is_multirun, run name, group) — neutral values outside Hydra.
+
+    The name is Hydra's ``override_dirname`` (conf/hydra/default.yaml leaves out seeds, paths and
+    logger settings). The group is the sweep inside a Hydra multirun or a W&B sweep, else the
+    experiment, ``<data>-<model>``.
+    """
+    if not HydraConfig.initialized():
+        return False, "run", "single"
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    name = hc.job.override_dirname or "defaults"
+    if multirun:
+        group = f"sweep-{Path(hc.sweep.dir).name}"
+    elif os.environ.get("WANDB_SWEEP_ID"):
+        group = f"sweep-{os.environ['WANDB_SWEEP_ID']}"
+    else:
+        choices = hc.runtime.choices
+        group = "-".join(str(choices[k]) for k in ("data", "model") if choices.get(k)) or "single"
+    return multirun, name, group
+
+
+def _hydra_overrides() -> dict:
+    """The command line's overrides and the chosen config options, for the W&B run's config."""
+    if not HydraConfig.initialized():
+        return {}
+    hc = HydraConfig.get()
+    return {"overrides": list(hc.overrides.task), "choices": {k: v for k, v in hc.runtime.choices.items()
+                                                             if k != "hydra" and not k.startswith("hydra/")}}
+
+
+def log_once() -> None:
+    """Lightning's package loggers print through console handlers of their own: ``lightning`` also
+    passes its lines on to the root logger, so under Hydra (which gives the root a console and a file
+    handler) every INFO line came twice; ``lightning.pytorch``/``lightning.fabric``, when imported
+    before Hydra set up logging, print unformatted and skip the job's .log file. Keep the root's."""
+    if not logging.getLogger().handlers:
+        return
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        for handler in [h for h in logger.handlers if type(h) is logging.StreamHandler]:
+            logger.removeHandler(handler)
+        logger.propagate = True
+
+
+def check_strategy(cfg: DictConfig) -> None:
+    """Plain ddp re-runs the script per rank: inside a local --multirun that re-runs the sweep."""
+    multirun, _, _ = _hydra_runtime()
+    strategy = str(cfg.trainer.get("strategy", "auto"))
+    devices = cfg.trainer.get("devices", 1)
+    many = devices == -1 or (isinstance(devices, int) and devices > 1) or not isinstance(devices, int)
+    if not (multirun and many and strategy.startswith("ddp") and "spawn" not in strategy):
+        return
+    launcher = str(HydraConfig.get().launcher.get("_target_", ""))
+    if "submitit" in launcher.lower():
+        return  # SLURM starts one task per device itself; Lightning does not relaunch
+    raise ValueError(
+        f"trainer.strategy={strategy} with trainer.devices={devices} inside a local --multirun would make every "
+        "extra rank re-run the whole sweep. Use trainer.strategy=ddp_spawn, single-device jobs "
+        "(hydra/launcher=joblib_local), or hydra/launcher=slurm."
+    )
+
+
+def _instantiate_dict(node: DictConfig | None) -> list:
+    """Instantiate every entry with a ``_target_`` (config groups hold named entries)."""
+    if not node:
+        return []
+    return [hydra.utils.instantiate(v) for v in node.values() if isinstance(v, DictConfig) and "_target_" in v]
+
+
+def study_keys(cfg: DictConfig) -> dict:
+    """Flat run-config keys the W&B workspace groups and plots by (wandb_workspace.py): the design
+    (the model config's name) and the key size actually used (key_dim null means d/h)."""
+    model = cfg.model
+    choice = HydraConfig.get().runtime.choices.get("model") if HydraConfig.initialized() else None
+    key_dim = model.get("key_dim") or model.embed_dim // model.num_heads
+    return {"design": choice or model.get("head_combine"), "key_dim": int(key_dim)}
+
+
+def build_loggers(cfg: DictConfig) -> list:
+    _, name, group = _hydra_runtime()
+    loggers = []
+    for key, conf in (cfg.get("logger") or {}).items():
+        if "_target_" not in conf:
+            continue
+        if "WandbLogger" in conf._target_:
+            configure_wandb_mode()
+            extra = {"name": conf.get("name") or name, "group": conf.get("group") or group}
+            extra["config"] = {**study_keys(cfg), **({"hydra": h} if (h := _hydra_overrides()) else {})}
+            # partial: `config` (wandb.init's) would collide with instantiate's own first argument
+            loggers.append(hydra.utils.instantiate(conf, _partial_=True)(**extra))
+        else:
+            loggers.append(hydra.utils.instantiate(conf))
+    return loggers
+
+
+def count_parameters(model: torch.nn.Module) -> dict[str, int]:
+    return {
+        "model/params_total": sum(p.numel() for p in model.parameters()),
+        "model/params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+    }
+
+
+def _scalars(metrics: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) or getattr(v, "numel", lambda: 0)() == 1}
+
+
+def run(cfg: DictConfig) -> dict:
+    """Train and/or test as configured; returns the metrics written to ``metrics.json``."""
+    check_config(cfg)  # types, unknown keys, impossible model shapes: before any data is prepared
+    start = time.time()
+    log_once()
+    silence_known_noise()
+    check_strategy(cfg)
+    output_dir = check_run_folder(cfg)  # writable, and not a finished run's unless resuming it
+    ckpt_path = cfg.get("ckpt_path")
+    ckpt = None
+    if ckpt_path:  # refused here with a clear message, before Lightning meets a damaged or foreign file
+        ckpt, _ = read_checkpoint(ckpt_path, what="ckpt_path")
+        check_resume_batch_size(cfg, ckpt, ckpt_path)
+    if cfg.get("seed") is not None:
+        pl.seed_everything(cfg.seed, workers=True)
+    output_dir.mkdir(parents=True, exist_ok=True)
+
+    log.info("Data <%s>", cfg.data.get("name", cfg.data._target_))
+    datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
+    # Every rank builds the vocabulary before the model exists; the lock makes one of them do the work.
+    lock_dir = Path(os.path.expanduser(str(cfg.paths.cache_dir)))
+    if writable(lock_dir):
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(lock_dir / "prepare_data.lock")):
+            datamodule.prepare_data()
+    else:  # a read-only cache is only read (nobody can build into it); prepare_data says so if it must build
+        datamodule.prepare_data()
+    datamodule.setup("fit")
+    datamodule.save_tokenizer(output_dir / "tokenizer.json")
+
+    log.info("Model <%s>", cfg.model._target_)
+    # Built by hand, not hydra.utils.instantiate: data_cfg holds a _target_ that must stay a plain dict.
+    model_kwargs = OmegaConf.to_container(cfg.model, resolve=True)
+    model = hydra.utils.get_class(model_kwargs.pop("_target_"))(
+        **model_kwargs,
+        vocab_size=datamodule.vocab_size,
+        num_classes=datamodule.num_classes,
+        pad_id=datamodule.pad_id,
+        label_names=list(datamodule.label_names),
+        tokenizer_json=datamodule.tokenizer.to_str(),
+        data_cfg=OmegaConf.to_container(cfg.data, resolve=True),
+    )
+    if ckpt is not None:
+        check_compatible(ckpt, model, ckpt_path, what="ckpt_path")
+        _check_same_tokenizer(ckpt, datamodule, ckpt_path)
+        del ckpt
+    loggers = build_loggers(cfg)
+    history = MetricsHistory(output_dir)  # metrics_history.csv: always, whatever the callbacks config
+    callbacks = [*_instantiate_dict(cfg.get("callbacks")), history]
+    # Lightning refuses these without a logger / with the bar disabled: drop them instead of failing.
+    if cfg.trainer.get("enable_progress_bar") is False:
+        callbacks = [c for c in callbacks if not isinstance(c, pl.callbacks.ProgressBar)]
+    if not loggers:
+        callbacks = [c for c in callbacks if not isinstance(c, pl.callbacks.LearningRateMonitor)]
+    if cfg.trainer.get("enable_model_summary") is not False and not any(
+            isinstance(c, pl.callbacks.ModelSummary) for c in callbacks):
+        callbacks.append(ModelSummary())  # Lightning's own, less its column of zero FLOPs
+    trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+
+    try:
+        params = count_parameters(model)
+        with isolate_rng():  # starting a W&B run draws random numbers; results must not depend on the logger
+            for lg in loggers:
+                lg.log_hyperparams({"cfg": OmegaConf.to_container(cfg, resolve=True), **params})
+        log.info("Parameters: %s", params)
+
+        if cfg.get("train"):
+            with warnings.catch_warnings():
+                # TextDataModule's checkpointed data position makes a mid-epoch resume exact; Lightning cannot tell.
+                warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
+                trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+            if trainer.global_step == 0:
+                raise ValueError(
+                    f"training ran no step (trainer.max_epochs={cfg.trainer.get('max_epochs')}, "
+                    f"trainer.max_steps={cfg.trainer.get('max_steps')}, trainer.limit_train_batches="
+                    f"{cfg.trainer.get('limit_train_batches')}): there is no trained model to test. Train at least "
+                    "one step (e.g. trainer.max_epochs=1), or evaluate a checkpoint with train=false ckpt_path=PATH.")
+        # After a resume that had nothing left to train (a finished run), callback_metrics is empty: the last
+        # epoch's metrics come from the history the checkpoint carried.
+        fit_metrics = {**history.final_metrics(), **_scalars(trainer.callback_metrics)}
+        if cfg.get("train") and "val/acc_best" not in fit_metrics:  # a checkpoint older than the history
+            best = float(model.val_acc_best.max_value)  # restored with the checkpoint (a persistent metric state)
+            if best > float("-inf"):
+                fit_metrics["val/acc_best"] = best
+
+        test_metrics: dict[str, float] = {}
+        # the one keeping the best val/acc (LastCheckpoint has no monitor)
+        ckpt_cb = next((c for c in trainer.checkpoint_callbacks if getattr(c, "monitor", None)), None)
+        if cfg.get("test"):
+            if cfg.get("train"):
+                best = ckpt_cb.best_model_path if ckpt_cb is not None else ""
+                if not best:
+                    log.warning("No best checkpoint was saved: testing the final weights")
+                test_ckpt = best or None
+                if test_ckpt:
+                    read_checkpoint(test_ckpt, what="best checkpoint")  # refuses one damaged since it was written
+            else:
+                test_ckpt = ckpt_path
+                if not test_ckpt:
+                    log.warning("train=false without ckpt_path: testing an untrained model")
+            trainer.test(model, datamodule=datamodule, ckpt_path=test_ckpt, weights_only=True)
+            test_metrics = _scalars(trainer.callback_metrics)
+
+        metrics = {**fit_metrics, **test_metrics}
+        result = {
+            "metrics": metrics,
+            "best_model_path": getattr(ckpt_cb, "best_model_path", None) or None,
+            "best_val_acc": float(ckpt_cb.best_model_score) if getattr(ckpt_cb, "best_model_score", None) is not None else None,
+            "best_epoch": _epoch_of(getattr(ckpt_cb, "best_model_path", "")),
+            "epochs_run": trainer.current_epoch,
+            "runtime_s": round(time.time() - start, 2),
+            "params": params,
+            "config": {
+                "data": cfg.data.get("name"), "seed": cfg.get("seed"),
+                "model": model_kwargs,
+            },
+        }
+        if trainer.is_global_zero:
+            (output_dir / "metrics.json").write_text(json.dumps(result, indent=2))
+            if history.rows:
+                history.write()  # also when no epoch ran here (a resumed finished run into a new folder)
+            OmegaConf.save(cfg, output_dir / "config_resolved.yaml", resolve=True)
+            log_run_end(loggers, output_dir, result)
+            log.info("%s", where_things_are(output_dir, result))
+        return result
+    finally:
+        if any(isinstance(lg, WandbLogger) for lg in loggers):
+            import wandb
+
+            wandb.finish()
+
+
+def _check_same_tokenizer(ckpt: dict, datamodule, path: str) -> None:
+    """The checkpoint's token ids must mean the same words as the data's."""
+    saved = (ckpt.get("hyper_parameters") or {}).get("tokenizer_json")
+    if saved is None or json.loads(saved) == json.loads(datamodule.tokenizer.to_str()):
+        return
+    raise CheckpointError(
+        f"ckpt_path {str(path)!r} was trained with another tokenizer than the one this data config builds "
+        f"(vocabulary {tokenizer_from_str(saved).get_vocab_size()} vs {datamodule.vocab_size}): its token "
+        "ids would mean other words. Use the data settings it was trained with, or pass its tokenizer with "
+        "data.tokenizer_file=<its run dir>/tokenizer.json.")
+
+
+def where_things_are(output_dir: Path, result: dict) -> str:
+    """The end-of-run block: where the metrics, the best checkpoint and the plots are, what to run next."""
+    multirun, _, _ = _hydra_runtime()
+    sweep_dir = output_dir.parent if multirun else output_dir
+    best = result.get("best_model_path")
+    score = f" (val/acc {result['best_val_acc']:.4f})" if result.get("best_val_acc") is not None else ""
+    lines = [f"Run finished in {result['runtime_s']:.0f} s: {output_dir}",
+             f"  metrics          {output_dir / 'metrics.json'}",
+             f"  best checkpoint  {best}{score}" if best else "  best checkpoint  none (this run saved no checkpoint)"]
+    if (output_dir / "identifiability").is_dir():
+        lines.append(f"  identifiability  {output_dir / 'identifiability'} (probe.json, epoch_XXX/ metrics and plots)")
+    if best:
+        text = shlex.quote('text="a gripping, beautiful film"')  # Hydra needs the inner quotes (comma)
+        lines.append(f"  analyze          python analyze.py {shlex.quote(f'ckpt_path={best}')} {text}")
+    lines.append(f"  report           python -m identifiable_transformers.report {sweep_dir}")
+    return "\n".join(lines)
+
+
+def _epoch_of(path: str) -> int | None:
+    """Checkpoints are named epoch_XXX.ckpt (conf/callbacks/model_checkpoint.yaml)."""
+    stem = Path(path).stem if path else ""
+    return int(stem.split("_")[1]) if stem.startswith("epoch_") and stem.split("_")[1].isdigit() else None

@@ -230,8 +230,8 @@ def _kill_at(step):
     return KillAtStep()
 
 
-# 3 epochs of 4 steps; a tiny learning rate (1e-5 broke the tie once evaluation splits were shuffled), so that the later epochs tie with epoch 0 on val/acc
-# while their weights (and test loss) still differ.
+# 3 epochs of 4 steps; a tiny learning rate (1e-5 broke the tie once evaluation splits were shuffled), so that the
+# later epochs tie with epoch 0 on val/acc while their weights (and test loss) still differ.
 TIES = ["trainer.max_epochs=3", "trainer.deterministic=true", "callbacks=[model_checkpoint,last_checkpoint]",
         "model.lr=1e-6", "test=true"]
 

@@ -22,7 +22,8 @@ import sys
 
 import torch
 
-from identifiable_transformers.models import MultiHeadSelfAttention, TransformerClassifier, attention
+from identifiable_transformers.models import MultiHeadSelfAttention, TransformerClassifier
+from identifiable_transformers.models import dropout as dropout_module
 
 DEVICE = torch.device("cuda")  # --cpu: the CPU
 
@@ -79,9 +80,9 @@ def check_paths(results: list) -> None:
                 err = max(rel(out.float(), ref), rel(g, ref_grad))
                 results.append((f"{combine} dk={gpu.key_dim} {name} {str(dtype)[6:]}", err, tol))
         # torch's F.dropout (small tensors) and keep_mask's random bits (on CPU these sizes take the chunks instead)
-        default_min = attention.KEEP_MASK_MIN_NUMEL
+        default_min = dropout_module.KEEP_MASK_MIN_NUMEL
         for small in (True, False) if DEVICE.type == "cuda" else (True,):
-            attention.KEEP_MASK_MIN_NUMEL = default_min if small else 0
+            dropout_module.KEEP_MASK_MIN_NUMEL = default_min if small else 0
             gpu.train()
             out, keep, scale = _forward_with_keep(gpu, xg, mask.to(DEVICE))
             dropped = ~keep.cpu()
@@ -91,7 +92,7 @@ def check_paths(results: list) -> None:
             real = (mask[:, None, :, None] & mask[:, None, None, :]).expand_as(dropped)
             rate = float(dropped[real].float().mean())
             results.append((f"{label} rate {rate:.4f} vs 0.1", abs(rate - 0.1), 0.01))
-        attention.KEEP_MASK_MIN_NUMEL = default_min
+        dropout_module.KEEP_MASK_MIN_NUMEL = default_min
 
 
 def _forward_with_keep(gpu: MultiHeadSelfAttention, xg: torch.Tensor, mask: torch.Tensor):
@@ -108,7 +109,7 @@ def _forward_with_keep(gpu: MultiHeadSelfAttention, xg: torch.Tensor, mask: torc
 
     MultiHeadSelfAttention._drop = staticmethod(spy)
     try:
-        out, _ = gpu(xg, mask)
+        out, _ = gpu(xg, mask, need_weights=True)  # the explicit path (without weights CUDA drops inside SDPA)
     finally:
         MultiHeadSelfAttention._drop = staticmethod(original)
     return out, captured["keep"], captured["scale"]
@@ -125,7 +126,7 @@ def time_steps() -> None:
         model = TransformerClassifier(20000, 2, 64, 4, key_dim=dk, head_combine=combine, max_len=t).to(DEVICE)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
         for dtype in (torch.float32, torch.bfloat16):
-            def step():
+            def step(model=model, opt=opt, dtype=dtype):
                 with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
                     loss = torch.nn.functional.cross_entropy(model(ids, attention_mask).logits.float(), labels)
                 loss.backward()
@@ -141,7 +142,8 @@ def time_steps() -> None:
                 end.record()
                 torch.cuda.synchronize()
                 times.append(start.elapsed_time(end))
-            print(f"step {combine:6s} {str(dtype)[6:]:8s} batch {b} x {t}: {statistics.median(times):.2f} ms (median of 20)")
+            print(f"step {combine:6s} {str(dtype)[6:]:8s} batch {b} x {t}: {statistics.median(times):.2f} ms "
+                  "(median of 20)")
 
 
 def main() -> int:

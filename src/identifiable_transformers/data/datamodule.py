@@ -10,6 +10,7 @@ import shutil
 import uuid
 import warnings
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from . import sources as S
+from .batching import DeviceBatches, bucket_lengths, fill_batch, padding_row
 from .build import SPLITS as _SPLITS
 from .build import CacheBuilder
 from .cache import (  # noqa: F401  (re-exported: tests and callers import them from here)
@@ -96,6 +98,10 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
         hub_probe_timeout: float = 2.0,
         rationale_field: str | None = None,
         synthetic: Mapping[str, Any] | None = None,
+        # fixed shapes for CUDA graphs, and batches made on the device (docs/performance.md)
+        static_shapes: bool = False,
+        length_buckets: Sequence[int] | None = None,
+        on_device: bool = False,
     ) -> None:
         super().__init__()
         if source not in SOURCES:
@@ -146,6 +152,11 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
         if int(num_workers) < 0:
             raise ValueError(f"num_workers={num_workers} must be >= 0: set data.num_workers=0 (load in the main "
                              "process) or a number of worker processes.")
+        if on_device and int(num_workers) > 0:
+            raise ValueError(f"data.on_device=true batches on the device and starts no worker process: set "
+                             f"data.num_workers=0 (got {num_workers}).")
+        self.static_shapes, self.on_device = bool(static_shapes), bool(on_device)
+        self.length_buckets = bucket_lengths(int(max_length), _plain(length_buckets))  # checks them
         if num_classes is not None and int(num_classes) < 2:
             raise ValueError(f"num_classes={num_classes} must be >= 2 (or null to infer it from the data).")
         self.name = name
@@ -186,6 +197,7 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
         self._fingerprints: dict[str | None, Any] = {}
         self._verified: Path | None = None  # the cache entry prepare_data() has checked
         self._resume: dict[str, int] | None = None
+        self._on_device: dict[tuple, dict[str, torch.Tensor]] = {}  # data.on_device: split tensors per device
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -307,15 +319,28 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
         self._loaded_dir = final
 
     # ------------------------------------------------------------------ batching
-    def collate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        """Pad to the longest example of the batch; mask True on real tokens (and, with rationales,
-        ``rationale_mask`` True on rationale tokens, padded alike)."""
+    def collate(self, rows: Sequence[Mapping[str, Any]], fill_to: int | None = None) -> dict[str, torch.Tensor]:
+        """Pad to the longest example of the batch (``static_shapes``: to the next of ``length_buckets``); mask
+        True on real tokens (and, with rationales, ``rationale_mask`` True on rationale tokens, padded alike).
+        ``fill_to``: append padding rows (``<cls>`` alone, label -100: out of the loss and the metrics) up to
+        that many rows."""
         ids, mask = pad_batch([r["input_ids"] for r in rows], self.pad_id)
+        width = self._width(ids.shape[1])
+        ids = torch.nn.functional.pad(ids, (0, width - ids.shape[1]), value=self.pad_id)
+        mask = torch.nn.functional.pad(mask, (0, width - mask.shape[1]), value=False)
         batch = {"input_ids": ids, "attention_mask": mask,
                  "labels": torch.tensor([int(r["labels"]) for r in rows], dtype=torch.long)}
         if rows and "rationale" in rows[0]:
-            batch["rationale_mask"] = rationale_mask([r["rationale"] for r in rows], ids.shape[1])
+            batch["rationale_mask"] = rationale_mask([r["rationale"] for r in rows], width)
+        if fill_to is not None and len(rows) < fill_to:
+            batch = fill_batch(batch, padding_row(batch, self.pad_id, self.cls_id), fill_to)
         return batch
+
+    def _width(self, longest: int) -> int:
+        """A batch's padded width: its longest example, or with ``static_shapes`` the next length bucket."""
+        if not self.static_shapes:
+            return longest
+        return next(b for b in self.length_buckets if b >= longest)
 
     def _shard(self) -> tuple[int, int]:
         """(rank, world_size) of this process; the datamodule shards every split itself."""
@@ -328,21 +353,40 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
             return trainer.global_rank, trainer.world_size
         return 0, 1
 
-    def _loader(self, ds, batch_size: int, train: bool) -> DataLoader:
+    def _loader(self, ds, batch_size: int, train: bool) -> DataLoader | DeviceBatches:
         rank, world = self._shard()
-        if train and self.length_bucketing:
+        lengths = None
+        if (train and self.length_bucketing) or self.on_device:
             lengths = __import__("pyarrow.compute", fromlist=["x"]).list_value_length(ds.data.column("input_ids")).to_numpy()
+        if train and self.length_bucketing:
             sampler = LengthBucketSampler(lengths, batch_size, seed=self.shuffle_seed, rank=rank, world_size=world)
         else:
             sampler = EpochShuffleSampler(len(ds), seed=self.shuffle_seed, shuffle=train, rank=rank, world_size=world)
         if train and self._resume is not None:
             self._resume_sampler(sampler, world)
+        # Training batches keep one size for CUDA graphs: the last one is filled with padding rows, never dropped.
+        fill_to = batch_size if train and self.static_shapes else None
+        if self.on_device:
+            return self._device_batches(ds, lengths, sampler, batch_size, fill_to)
         # Its own generator: creating an iterator would otherwise draw from the global torch RNG and shift
         # the dropout masks of a run resumed mid-epoch.
-        return DataLoader(ds, batch_size=batch_size, sampler=sampler, collate_fn=self.collate,
+        return DataLoader(ds, batch_size=batch_size, sampler=sampler, collate_fn=partial(self.collate, fill_to=fill_to),
                           num_workers=self.num_workers, pin_memory=self.pin_memory,
                           persistent_workers=self.num_workers > 0,
                           generator=torch.Generator().manual_seed(self.shuffle_seed))
+
+    def _device_batches(self, ds, lengths, sampler, batch_size: int, fill_to: int | None) -> DeviceBatches:
+        """``data.on_device``: the whole split collated once (padded to its longest batch's width) and moved to
+        the training device; batches are then cut there (device_batches.py)."""
+        trainer = self.trainer
+        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        key = (id(ds), str(device))
+        if key not in self._on_device:
+            whole = self.collate(ds)  # every example, padded to the split's longest (its bucket when static)
+            self._on_device[key] = {k: v.to(device) for k, v in whole.items()}
+        tensors = self._on_device[key]
+        filler = padding_row(tensors, self.pad_id, self.cls_id) if fill_to is not None else None
+        return DeviceBatches(tensors, lengths, sampler, batch_size, self._width, filler, fill_to)
 
     def _resume_sampler(self, sampler: EpochShuffleSampler, world: int) -> None:
         position, self._resume = self._resume, None

@@ -5,6 +5,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
 from identifiable_transformers import resolvers
+from identifiable_transformers.config_checks import check_config
 
 
 @pytest.mark.parametrize("visible,per_gpu,n_jobs", [("0,1,2", 2, 6), ("5", 4, 4), ("0,1,2,3,4,5,6,7", 4, 32)])
@@ -14,6 +15,7 @@ def test_packed_sweep_composes_and_spreads_jobs_round_robin(make_cfg, monkeypatc
     assert cfg.hydra.launcher._target_.endswith("JoblibLauncher")
     assert cfg.hydra.launcher.n_jobs == n_jobs
     assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
+    check_config(cfg)  # the project's own checks accept it (jobs_per_gpu, the resolvers)
     gpus = len(visible.split(","))
     seen = []
     for k in range(2 * n_jobs):

@@ -78,3 +78,13 @@ def test_cuda_graphs_is_ignored_on_the_cpu_with_a_warning_and_excludes_compile(t
     assert model._graphed_loss is None
     with pytest.raises(ValueError, match="exclude each other"):
         TextClassifier(40, 3, embed_dim=16, num_heads=2, compile=True, cuda_graphs=True)
+
+
+def test_cuda_graphs_refuses_gradient_accumulation(monkeypatch, tmp_path):
+    monkeypatch.setattr(lit_module, "_GRAPH_DEVICES", ("cpu",))
+    model = TextClassifier(40, 3, embed_dim=16, num_heads=2, ffn_dim=32, cuda_graphs=True)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=1, accumulate_grad_batches=2, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path)
+    with pytest.raises(ValueError, match="accumulate_grad_batches=2"):
+        trainer.fit(model, DataLoader(_batches(n=2), batch_size=None))

@@ -167,6 +167,10 @@ class TextClassifier(pl.LightningModule):
             warnings.warn(f"model.cuda_graphs=true has no effect on {self.device.type}: the training step runs "
                           "eagerly (CUDA graphs need a CUDA device)", stacklevel=2)
             return
+        if self.trainer.accumulate_grad_batches > 1:
+            # A replay overwrites the previous one's outputs, the gradients being accumulated among them.
+            raise ValueError(f"model.cuda_graphs=true cannot accumulate gradients (trainer.accumulate_grad_batches="
+                             f"{self.trainer.accumulate_grad_batches}): set it to 1, or model.cuda_graphs=false")
         self._graphed_loss = torch.compile(self._forward_loss, **_GRAPH_COMPILE)
 
     def _step(self, batch: dict, stage: str) -> torch.Tensor:

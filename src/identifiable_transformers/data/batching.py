@@ -68,6 +68,7 @@ def fill_batch(batch: dict[str, torch.Tensor], filler: dict[str, torch.Tensor], 
 class DeviceBatches:
     """Batches of ``tensors`` (each (N, W) or (N,), on one device) in ``sampler``'s order.
 
+    Token ids may be stored as int32 (half the memory) and are returned as int64, as the DataLoader's.
     lengths: (N,) the examples' token counts (on the host). width_of: the padded width of a batch whose
     longest example has t tokens. filler: a padding row of each (N, W) or (N,) tensor (e.g. label -100),
     appended until a batch has ``fill_to`` rows; None: a short last batch stays short.
@@ -77,7 +78,8 @@ class DeviceBatches:
                  batch_size: int, width_of: Callable[[int], int], filler: dict[str, torch.Tensor] | None = None,
                  fill_to: int | None = None):
         self.tensors, self.lengths, self.sampler = tensors, np.asarray(lengths), sampler
-        self.batch_size, self.width_of, self.filler, self.fill_to = int(batch_size), width_of, filler, fill_to
+        self.batch_size, self.width_of, self.fill_to = int(batch_size), width_of, fill_to
+        self.filler = None if filler is None else {k: _widen(v) for k, v in filler.items()}
         self.device = next(iter(tensors.values())).device
         self.batch_sampler = None  # Lightning looks for a DataLoader's attributes (sampler, batch_sampler)
 
@@ -91,8 +93,13 @@ class DeviceBatches:
             rows = order[start:start + self.batch_size]
             width = self.width_of(int(self.lengths[rows].max()))
             idx = index[start:start + len(rows)]
-            batch = {k: v.index_select(0, idx)[:, :width] if v.dim() == 2 else v.index_select(0, idx)
+            batch = {k: _widen(v.index_select(0, idx)[:, :width] if v.dim() == 2 else v.index_select(0, idx))
                      for k, v in self.tensors.items()}
             if self.fill_to is not None and len(rows) < self.fill_to:
                 batch = fill_batch(batch, self.filler, self.fill_to)
             yield batch
+
+
+def _widen(x: torch.Tensor) -> torch.Tensor:
+    """int32 token ids (stored compact) back to the DataLoader's int64."""
+    return x.long() if x.dtype == torch.int32 else x

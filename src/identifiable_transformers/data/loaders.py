@@ -87,7 +87,9 @@ class Batching:
         key = (id(ds), str(device))
         if key not in self._on_device:
             whole = self.collate(ds)  # every example, padded to the split's longest (its bucket when static)
-            self._on_device[key] = {k: v.to(device) for k, v in whole.items()}
+            # token ids as int32 on the device: half the memory (DeviceBatches widens each batch back to int64)
+            self._on_device[key] = {k: v.to(device, torch.int32 if k == "input_ids" else v.dtype)
+                                    for k, v in whole.items()}
         tensors = self._on_device[key]
         filler = padding_row(tensors, self.pad_id, self.cls_id) if fill_to is not None else None
         return DeviceBatches(tensors, lengths, sampler, batch_size, self._width, filler, fill_to)

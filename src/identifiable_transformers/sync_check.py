@@ -1,8 +1,9 @@
 """Checks that a training step never makes the host wait for the device (docs/performance.md).
 
-On CUDA, ``torch.cuda.set_sync_debug_mode("error")`` raises at any synchronising call. On the CPU nothing
-synchronises, so :func:`forbid_host_sync` raises instead at every conversion of a tensor to a Python value
-(``item``, ``tolist``, ``bool``, ``int``, ``float``, ``numpy``): each would be a synchronisation on a GPU.
+On CUDA, :func:`forbid_host_sync` sets ``torch.cuda.set_sync_debug_mode("error")``, which raises at any
+synchronising call. On the CPU nothing synchronises, so it raises instead at every conversion of a tensor to a
+Python value (``item``, ``tolist``, ``bool``, ``int``, ``float``, ``numpy``): each would be a synchronisation
+on a GPU (and a stricter check: reading a CPU tensor there would be harmless).
 """
 
 from __future__ import annotations
@@ -22,7 +23,16 @@ class HostSyncError(RuntimeError):
 
 @contextmanager
 def forbid_host_sync(device: torch.device | str = "cpu") -> Iterator[None]:
-    """Inside the block, a tensor turned into a Python value (or, on CUDA, any synchronisation) raises."""
+    """Inside the block, on CUDA any synchronisation raises (torch's own check, which also lets a CPU tensor be
+    read); elsewhere every tensor turned into a Python value raises ``HostSyncError``."""
+    if torch.device(device).type == "cuda":
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+        return
     originals = {name: getattr(torch.Tensor, name) for name in _CONVERSIONS}
 
     def refuse(name):
@@ -30,19 +40,13 @@ def forbid_host_sync(device: torch.device | str = "cpu") -> Iterator[None]:
             raise HostSyncError(f"Tensor.{name}() inside a training step: on a GPU the host would wait for the device")
         return call
 
-    cuda = torch.device(device).type == "cuda"
-    previous = torch.cuda.get_sync_debug_mode() if cuda else None
     try:
         for name in _CONVERSIONS:
             setattr(torch.Tensor, name, refuse(name))
-        if cuda:
-            torch.cuda.set_sync_debug_mode("error")
         yield
     finally:
         for name, fn in originals.items():
             setattr(torch.Tensor, name, fn)
-        if cuda:
-            torch.cuda.set_sync_debug_mode(previous)
 
 
 class ForbidHostSync(pl.Callback):

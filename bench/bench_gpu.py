@@ -135,6 +135,8 @@ def _step_fn(kind: str, b: dict, device, bf16: bool, graphed: bool, vocab: int, 
 
 
 def _rate(tokens_per_s: float) -> str:
+    if tokens_per_s != tokens_per_s:
+        return "failed"
     return f"{tokens_per_s / 1e6:.2f} M/s" if tokens_per_s >= 1e6 else f"{tokens_per_s / 1e3:.2f} k/s"
 
 
@@ -165,11 +167,15 @@ def steps_table(args, device) -> None:
         cands = {}
         for kind in kinds:
             for bf16, graphed in modes:
-                step = _step_fn(kind, b, device, bf16, graphed, vocab, classes, t)
-                for _ in range(args.warmup + (3 if graphed else 0)):
-                    step()
-                _sync(device)
-                cands[(kind, bf16, graphed)] = (step, [])
+                try:
+                    step = _step_fn(kind, b, device, bf16, graphed, vocab, classes, t)
+                    for _ in range(args.warmup + (3 if graphed else 0)):
+                        step()
+                    _sync(device)
+                    cands[(kind, bf16, graphed)] = (step, [])
+                except Exception as err:  # a candidate that cannot run is reported, the others still measured
+                    print(f"  {kind} {'bf16' if bf16 else 'fp32'} {'graphed' if graphed else 'eager'} failed: "
+                          f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}")
         names = list(cands)
         for r in range(args.repeats):
             for name in names[r % len(names):] + names[: r % len(names)]:
@@ -178,15 +184,17 @@ def steps_table(args, device) -> None:
         print(f"\n  batch {b_size} x {t} tokens{'':8s}" + "".join(
             f"{('bf16' if bf16 else 'fp32') + (' graphed' if graphed else ' eager'):>18s}" for bf16, graphed in modes))
         rate = {k: b_size * t / statistics.median(v[1]) for k, v in cands.items()}
+        nan = float("nan")
         for kind in kinds:
-            print(f"  {kind:<28s}" + "".join(f"{_rate(rate[(kind, bf16, g)]):>18s}" for bf16, g in modes))
+            print(f"  {kind:<28s}" + "".join(f"{_rate(rate.get((kind, bf16, g), nan)):>18s}" for bf16, g in modes))
         for kind in kinds[:2]:
             print(f"  {kind + ' / torch_layer':<28s}" + "".join(
-                f"{rate[(kind, bf16, g)] / rate[('torch_layer', bf16, g)]:>17.2f}x" for bf16, g in modes))
+                f"{rate.get((kind, bf16, g), nan) / rate.get(('torch_layer', bf16, g), nan):>17.2f}x"
+                for bf16, g in modes))
         for kind in kinds[:2]:
-            for g in {g for _, g in modes}:
+            for g in sorted({g for _, g in modes}):
                 print(f"  {kind} bf16 / fp32 ({'graphed' if g else 'eager'}): "
-                      f"{rate[(kind, True, g)] / rate[(kind, False, g)]:.2f}x")
+                      f"{rate.get((kind, True, g), nan) / rate.get((kind, False, g), nan):.2f}x")
         del cands
 
 

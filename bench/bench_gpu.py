@@ -162,7 +162,13 @@ def steps_table(args, device) -> None:
     modes = [(bf16, graphed) for bf16 in (False, True) for graphed in ((False, True) if device.type == "cuda"
                                                                          else (False,))]
     vocab, classes = 20000, 2
+    # Every graphed candidate compiles the same code (_forward_loss, the lambda) for another module: above dynamo's
+    # recompile limit (8) it would silently run eagerly.
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
     for b_size, t in args.shapes:
+        torch._dynamo.reset()
         b = batch(b_size, t, vocab, classes, device)
         cands = {}
         for kind in kinds:

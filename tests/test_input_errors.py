@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
                                                       "a list is expected: pass e.g. "
                                                       "callbacks.faithfulness.explainers=[attention]"),
     (["data.label_names=neg"], "data.label_names='neg' is a string, but a list is expected"),
+    (["model.betas=abc"], "model.betas='abc' is not a list of 2 (a number, a number): pass e.g. "
+                          "model.betas=[0.9,0.999]"),  # a string its elements could not be: the plain type message
     (["test=no"], "test='no' is not true or false: pass e.g. test=true"),
     (["test=1"], "test=1 is not true or false"),
 ])

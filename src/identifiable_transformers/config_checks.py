@@ -125,7 +125,7 @@ def check_node(key: str, node: DictConfig) -> None:
             hint = f"did you mean {key}.{close[0]}?" if close else f"its options: {', '.join(names)}"
             raise ConfigError(f"{key}.{name} is not an option of {values['_target_']}: {hint}")
         tp = hints.get(name)
-        if isinstance(value, str) and name not in _ONE_STRING_AS_LIST and _is_sequence(tp):
+        if isinstance(value, str) and name not in _ONE_STRING_AS_LIST and _is_sequence(tp) and matches([value], tp):
             raise ConfigError(f"{key}.{name}={value!r} is a string, but a list is expected: pass e.g. "
                               f"{key}.{name}=[{value}]")
         if tp is not None and not matches(value, tp):

@@ -1,6 +1,6 @@
 """The quick presets are quick: the end-of-fit faithfulness stage (integrated gradients, adversarial search:
-minutes on a CPU) is off in every ``debug=*`` preset and in ``+sweep=smoke``; a command-line value still wins,
-and with no callbacks the presets add none."""
+minutes on a CPU) is off in every ``debug=*`` preset and in ``+sweep=smoke``, and the per-epoch diagnostics run at a
+small scale; a command-line value still wins, and with no callbacks the presets add none."""
 
 from pathlib import Path
 
@@ -20,6 +20,8 @@ def test_the_end_of_fit_stage_is_off(make_cfg, preset):
     assert cfg.callbacks.faithfulness.final is False
     (callback,) = [c for c in _instantiate_dict(cfg.callbacks) if type(c).__name__ == "FaithfulnessCallback"]
     assert callback.final is False  # what the callback's on_fit_end reads
+    ident = cfg.callbacks.identifiability
+    assert (ident.probe_size, ident.key_aware_max_length, cfg.callbacks.faithfulness.random_draws) == (8, 32, 2)
     assert make_cfg(preset, "callbacks.faithfulness.final=true", fast=False).callbacks.faithfulness.final is True
 
 

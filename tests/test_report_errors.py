@@ -246,8 +246,8 @@ def test_no_design_comparison_is_said_not_silent(tmp_path, capsys):
     _job(sweep, "1", metrics_extra=faith, model={**MODEL, "head_combine": "concat"})
     assert main([str(sweep), "--out", str(tmp_path / "out"), "--no-key-aware"]) == 0
     assert not (tmp_path / "out" / "faithfulness_designs.md").exists()
-    assert ("note: no faithfulness_designs.md: it needs two runs of each design (identifiable and baseline) on one "
-            "dataset") in capsys.readouterr().out.splitlines()
+    assert ("note: no faithfulness_designs.md: no dataset and key size has two runs of each design (identifiable "
+            "and baseline)") in capsys.readouterr().out.splitlines()
 
 
 # ------------------------------------------------------------------------------ default key-aware lengths

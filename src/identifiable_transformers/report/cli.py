@@ -115,8 +115,8 @@ def _report(args: argparse.Namespace) -> None:
             (out / "seed_agreement.md").write_text(markdown_table(agreement, GROUP + ["explainer"]))
             written += [out / "seed_agreement.md", out / "seed_agreement.csv"]
         if out / "faithfulness_designs.md" not in written and set(runs["head_combine"]) >= {"add", "concat"}:
-            notes.append("no faithfulness_designs.md: it needs two runs of each design (identifiable and baseline) "
-                         "on one dataset")
+            notes.append("no faithfulness_designs.md: no dataset and key size has two runs of each design "
+                         "(identifiable and baseline)")
     targets = args.key_aware_lengths
     if targets is None:
         targets, source = default_key_aware_lengths(runs)

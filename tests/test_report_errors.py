@@ -278,3 +278,16 @@ def test_default_key_aware_lengths_come_from_the_data(tmp_path):
     assert lengths(_run_dir(tmp_path, "d")) == KEY_AWARE_LENGTHS  # nothing recorded: the fixed default
     (Path(exact) / "identifiability" / "probe.json").write_text("{trunc")  # damaged: fall back on max_length
     assert lengths(exact) == (8, 32, 128)
+
+
+def test_default_key_aware_lengths_keep_the_lengths_every_run_was_counted_at(tmp_path):
+    from identifiable_transformers.report import default_key_aware_lengths
+
+    probe = {"lengths": [3, 57], "num_too_long": 0}
+    dirs = [_run_dir(tmp_path, name, probe) for name in "ab"]
+    for d in dirs:
+        _key_aware_json(Path(d), 1)  # counted at [16] by an earlier report
+    assert default_key_aware_lengths(pd.DataFrame({"_dir": dirs})) == ((16,), "the lengths every run was counted "
+                                                                               "at before")
+    dirs.append(_run_dir(tmp_path, "c", probe))  # a run not counted yet: lengths from the data again
+    assert default_key_aware_lengths(pd.DataFrame({"_dir": dirs}))[0] == (8, 14, 57)

@@ -46,8 +46,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="do not compute missing identifiability/key_aware.json files (seconds per head at 512 "
                              "tokens)")
     parser.add_argument("--key-aware-lengths", type=_lengths, default=None, metavar="N,N,...",
-                        help="input lengths of the key-aware count, <cls> included (default: from the data: n, n/4 "
-                             "and n/16, n the runs' longest validation example; "
+                        help="input lengths of the key-aware count, <cls> included (default: those every run was "
+                             "counted at, else from the data: n, n/4 and n/16, n the runs' longest validation example; "
                              f"{','.join(map(str, KEY_AWARE_LENGTHS))} when the runs do not record it); runs counted "
                              "at other lengths are recounted")
     parser.add_argument("--cache-dir", default=None,

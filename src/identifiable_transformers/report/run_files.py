@@ -122,12 +122,27 @@ def _longest_example(run_dir: Path) -> int | None:
         return None
 
 
+def _counted_at(run_dir: Path) -> tuple[int, ...] | None:
+    """The lengths of the run's key_aware.json, when it has a usable one."""
+    try:
+        data = json.loads((run_dir / "identifiability" / "key_aware.json").read_text())
+        check_key_aware(data)
+        return tuple(int(t) for t in data["targets"]) if data.get("targets") else None
+    except (OSError, ValueError):
+        return None
+
+
 def default_key_aware_lengths(runs: pd.DataFrame) -> tuple[tuple[int, ...], str]:
-    """Key-aware lengths for runs given no ``--key-aware-lengths``: n, n/4 and n/16 (at least 8), n the shortest of
-    the runs' longest validation examples, so that every length is reached by an example of every run's data.
-    Returns the lengths and where n came from; :data:`KEY_AWARE_LENGTHS` when no run's files tell."""
+    """Key-aware lengths for runs given no ``--key-aware-lengths``. The lengths every run's key_aware.json was
+    counted at, when they all were, at the same ones (an earlier report's counts are kept, not recounted); else n,
+    n/4 and n/16 (at least 8), n the shortest of the runs' longest validation examples, so that every length is
+    reached by an example of every run's data. Returns the lengths and where they come from;
+    :data:`KEY_AWARE_LENGTHS` when no run's files tell."""
     from ..diagnostics.callbacks.key_aware_probe import key_aware_targets
 
+    counted = {_counted_at(Path(d)) for d in runs["_dir"]}
+    if len(counted) == 1 and None not in counted:
+        return counted.pop(), "the lengths every run was counted at before"
     known = [n for n in (_longest_example(Path(d)) for d in runs["_dir"]) if n is not None and n >= 2]
     if not known:
         return KEY_AWARE_LENGTHS, "no run records its data's lengths: the fixed default"

@@ -129,7 +129,7 @@ def test_a_certified_key_system_keeps_a_clear_margin(monkeypatch):
     # Forcing the certificate path must not turn that into a margin near 1: the certificate
     # proves a lower bound on sigma_min of the same order as sigma_min itself.
     g = torch.Generator().manual_seed(3)
-    heads = [(_randn(g, 40, 3), _randn(g, 40, 3), _randn(g, 40, 12)), (_randn(g, 24, 6), _randn(g, 24, 6), _randn(g, 24, 8))]
+    heads = [tuple(_randn(g, n, k) for k in (dk, dk, dv)) for n, dk, dv in ((40, 3, 12), (24, 6, 8))]
     direct = [generatable_alternative_dim(*h, method="structured") for h in heads]
     assert all(r["key_system"]["how"] == "svd" and r["margin"] >= 1e6 for r in direct)
     monkeypatch.setattr(key_aware, "_DIRECT_SVD_MAX", 0)

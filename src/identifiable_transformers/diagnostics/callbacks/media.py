@@ -1,6 +1,6 @@
 """Figures and W&B media of the identifiability callback: heatmaps, the probe table, async rendering.
 
-Kept apart from the callback's hooks (callback.py), which decide *when* to diagnose; this module
+Kept apart from the callback's hooks (identifiability.py), which decide *when* to diagnose; this module
 decides how results are drawn and sent. ``_render`` touches no trainer state, so it can run in a
 worker thread.
 """
@@ -101,7 +101,8 @@ class IdentifiabilityMedia:
 
         probe, batch = self._probe, self._probe["batch"]
         report = attention_identifiability(pl_module.model, batch["input_ids"].to(pl_module.device),
-                                           batch["attention_mask"].to(pl_module.device), return_maps=True)
+                                           batch["attention_mask"].to(pl_module.device), return_maps=True,
+                                           device=self.maths_device(pl_module))
         rows = []
         for pos, index in enumerate(probe["indices"]):
             n = int(report["lengths"][pos])
@@ -111,7 +112,8 @@ class IdentifiabilityMedia:
                 for h in range(attention.shape[1]):
                     nd = int(report["null_dim"][pos, l, h])
                     rows.append([index, n, text, l, h, nd, int(report["stochastic_null_dim"][pos, l, h]), nd == 0,
-                                 float(report["alt_attention_tv"][pos, l, h]), float(report["effective_gap"][pos, l, h]),
+                                 float(report["alt_attention_tv"][pos, l, h]),
+                                 float(report["effective_gap"][pos, l, h]),
                                  wandb.Image(attention_image(attention[l, h]))])
         log_epoch_media(trainer, {"val/ident/probe": wandb.Table(columns=PROBE_COLUMNS, data=rows)},
                         self._last_epoch, logged_step(trainer), same_row=False)
@@ -140,7 +142,8 @@ def _render(job: dict[str, Any]) -> dict[str, Any]:
         title=f"epoch {epoch}: null dims vs length ({cfg['head_combine']}, d={cfg['embed_dim']}, "
               f"h={cfg['num_heads']}, d_v={cfg['value_dim']})",
     )
-    rendered = {"epoch": epoch, "step": job["step"], "null_dim_vs_length": [str(save_figure(fig, out / "null_dim_vs_length.png"))],
+    rendered = {"epoch": epoch, "step": job["step"],
+                "null_dim_vs_length": [str(save_figure(fig, out / "null_dim_vs_length.png"))],
                 "attention": [], "captions": []}
     for ex in job["examples"]:
         fig = plot_attention_maps(

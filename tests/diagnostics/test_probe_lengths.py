@@ -281,3 +281,19 @@ def test_faithfulness_max_length_scores_only_the_short_part_of_the_probe(tmp_pat
     assert "val/faith/attention/len_le_30/comprehensiveness" in logged
     assert not any("len_le_60" in k for k in logged if k.startswith("val/faith/"))
     assert "val/ident/len_le_60/null_dim" in logged  # the identifiability probe keeps every length
+
+
+def test_long_attention_maps_are_averaged_down_to_the_image_size():
+    """A 300-token map becomes a 100 x 100 image of 3 x 3 block means (the W&B probe table at 512 tokens)."""
+    from matplotlib import colormaps
+
+    from identifiable_transformers.diagnostics.callbacks.media import attention_image
+
+    rng = np.random.default_rng(0)
+    w = rng.random((300, 300))
+    image = attention_image(w, pixels=128)
+    assert image.shape == (100, 100, 3)
+    blocks = np.array([[w[3 * i : 3 * i + 3, 3 * j : 3 * j + 3].mean() for j in range(100)] for i in range(100)])
+    expected = (colormaps["viridis"](blocks / blocks.max())[..., :3] * 255).astype(np.uint8)
+    assert np.array_equal(image, expected)
+    assert attention_image(rng.random((20, 20)), pixels=128).shape == (120, 120, 3)  # short maps: scaled up as before

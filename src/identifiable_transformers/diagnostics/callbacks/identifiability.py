@@ -291,7 +291,6 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
             pl_module.model,
             batch["input_ids"].to(pl_module.device),
             batch["attention_mask"].to(pl_module.device),
-            return_maps=self._plots_now(trainer) and self.num_plot_examples > 0,
             device=self.maths_device(pl_module),
         )
         metrics = summarize_report(report, bins=probe["length_bins"])

@@ -4,8 +4,9 @@ Measured side by side in one process, on the same CPU/GPU:
   * one training epoch: ~6.8k examples (Rotten Tomatoes train size), batch 64, dynamic padding,
     forward + backward + AdamW step, embed 64, 4 heads;
   * one diagnostics pass of IdentifiabilityCallback: 64 probe examples stratified over lengths
-    5-60 (the Rotten Tomatoes range), ``attention_identifiability`` with the maps;
-  * the callback's figures (null dims vs length + 3 heatmap figures), drawn synchronously, and
+    5-60 (the Rotten Tomatoes range), ``attention_identifiability`` (on ``--device``);
+  * the callback's figures (null dims vs length + 3 heatmap figures, their maps computed for those 3
+    examples, as the callback does), drawn synchronously, and
     drawn in the plot thread while a training epoch runs (the callback's default);
   * one pass of FaithfulnessCallback on the same probes: every cheap explainer, the random control's
     10 draws, the erasure metrics, tau with leave-one-out, the uniform-attention gap and the plausibility
@@ -94,10 +95,10 @@ def train_epoch(model, lengths, rng, device, batch_size=64) -> tuple[float, floa
 
 
 def diagnostics_pass(model, ids, mask) -> tuple[tuple[float, float], dict]:
-    """What the callback computes each epoch: the report with the maps of the plotted examples."""
+    """What the callback computes each epoch: the report (the maps of the drawn examples come with the plots)."""
     _sync(str(ids.device))
     with _Clock() as c:
-        rep = attention_identifiability(model, ids, mask, return_maps=True)
+        rep = attention_identifiability(model, ids, mask, device=ids.device)
     return (c.wall, c.cpu), rep
 
 
@@ -121,16 +122,22 @@ def faithfulness_final(model, ids, mask) -> tuple[float, float]:
     return c.wall, c.cpu
 
 
-def plot_job(model, rep, out_dir: Path) -> dict:
-    """The callback's render job: the null-dim plot and 3 heatmap figures (num_plot_examples=3)."""
+def plot_job(model, rep, out_dir: Path, ids, mask) -> dict:
+    """The callback's render job: the null-dim plot and 3 heatmap figures (num_plot_examples=3) of probes up to
+    2d + 2 tokens, spread over the upper three quarters of them; their maps are computed here, as the callback does."""
+    shown = int((rep["lengths"] <= 2 * model.embed_dim + 2).sum())
+    positions = sorted({int(round(q * (shown - 1))) for q in np.linspace(0.25, 1.0, 3)})
+    rows = torch.tensor(positions)
+    width = int(mask[rows].sum(1).max())
+    maps = attention_identifiability(model, ids[rows, :width], mask[rows, :width], return_maps=True, device=ids.device)
     examples = []
-    for pos in (16, 40, 63):
-        n = int(rep["lengths"][pos])
-        m = rep["maps"][pos]
+    for j, pos in enumerate(positions):
+        n = int(maps["lengths"][j])
+        m = maps["maps"][j]
         examples.append({"index": pos, "n": n, "tokens": [f"t{i}" for i in range(n)],
                          **{k: m[k].numpy() for k in ("attention", "effective", "alternative")},
-                         **{k: rep[k][pos].numpy() for k in ("alt_attention_tv", "witness_rel_error", "null_dim",
-                                                             "stochastic_null_dim")}})
+                         **{k: maps[k][j].numpy() for k in ("alt_attention_tv", "witness_rel_error", "null_dim",
+                                                            "stochastic_null_dim")}})
     return {"out": out_dir, "epoch": 0, "step": 0, "lengths": rep["lengths"].numpy(),
             "null_dim": rep["null_dim"].numpy(), "stochastic_null_dim": rep["stochastic_null_dim"].numpy(),
             "model": dict(embed_dim=model.embed_dim, num_heads=model.num_heads, value_dim=model.value_dim,
@@ -194,12 +201,12 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             def sync_plots():
                 with _Clock() as c:
-                    _render(plot_job(model, rep, Path(tmp)))
+                    _render(plot_job(model, rep, Path(tmp), ids, mask))
                 return c.wall, c.cpu
 
             def epoch_with_async_plots():
                 with _Clock() as c:
-                    fut = pool.submit(_render, plot_job(model, rep, Path(tmp)))
+                    fut = pool.submit(_render, plot_job(model, rep, Path(tmp), ids, mask))
                     train_epoch(model, train_lengths, rng, args.device)
                     fut.result()
                 return c.wall, c.cpu

@@ -297,3 +297,8 @@ def test_long_attention_maps_are_averaged_down_to_the_image_size():
     expected = (colormaps["viridis"](blocks / blocks.max())[..., :3] * 255).astype(np.uint8)
     assert np.array_equal(image, expected)
     assert attention_image(rng.random((20, 20)), pixels=128).shape == (120, 120, 3)  # short maps: scaled up as before
+
+
+def test_a_faithfulness_max_length_below_every_probe_is_a_user_error(tmp_path):
+    with pytest.raises(ValueError, match="max_length=1 .* leaves no probe example"):
+        _fit(tmp_path, FaithfulnessCallback(final=False, random_draws=1, max_length=1))

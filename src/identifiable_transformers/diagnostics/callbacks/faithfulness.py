@@ -133,8 +133,9 @@ class FaithfulnessCallback(pl.Callback):
             limit = cap if self.max_length is None else resolve([self.max_length])[0]
             k = sum(n <= limit for n in probe["lengths"])  # the probe is sorted by length: its first k
             if k == 0:
-                raise RuntimeError(f"FaithfulnessCallback: no probe example has at most max_length={self.max_length} "
-                                   f"(= {limit}) tokens; the shortest has {probe['lengths'][0]}")
+                raise ValueError(f"callbacks.faithfulness.max_length={self.max_length} (= {limit} tokens) leaves no "
+                                 f"probe example to score (the shortest has {probe['lengths'][0]} tokens): pass a "
+                                 "larger one, or null for the whole probe")
             if k < len(probe["lengths"]):
                 log.info("faithfulness: scoring the %d of %d probe examples with at most %d tokens (max_length=%s)",
                          k, len(probe["lengths"]), limit, self.max_length)

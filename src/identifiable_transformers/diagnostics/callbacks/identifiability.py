@@ -231,7 +231,8 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         strata = doubling_strata(cap) if self.probe_strata is None else self.probe_strata
         idx = select_probe_indices(lengths, self.probe_size, self.seed, cap, preferred=preferred, strata=strata)
         if not idx:
-            raise RuntimeError(f"no validation example has 1 <= length <= max_probe_length={cap}")
+            raise ValueError(f"no validation example has 1 <= length <= max_probe_length={cap}: pass a larger "
+                             "callbacks.identifiability.max_probe_length, or null for the data's max_length")
         too_long = int((lengths > cap).sum())
         if too_long:
             log.info("identifiability probe: %d of %d validation examples are longer than %d tokens and not eligible",

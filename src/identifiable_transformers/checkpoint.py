@@ -3,8 +3,9 @@
 * :class:`LastCheckpoint` keeps ``last.ckpt``, the newest training state, for resuming.
   Lightning's ``ModelCheckpoint(save_last=True)`` refreshes ``last.ckpt`` only when it also saves a
   top-k checkpoint, so with a monitored metric that did not improve, ``last.ckpt`` lags behind.
-  This callback rewrites it after every validation, at the end of every training epoch (when the
-  best checkpoint changed since) and every ``every_n_train_steps`` steps, atomically: a run killed while writing keeps the previous file.
+  This callback rewrites it at the end of every training epoch (after its validation), after a validation
+  inside an epoch, every ``every_n_train_steps`` steps, and at the step a SIGTERM arrives, atomically: a run
+  killed while writing keeps the previous file.
   Everything an exact resume needs is in it (see ``TextClassifier.on_save_checkpoint`` and
   ``TextDataModule.state_dict``).
 * :class:`BestCheckpoint` is Lightning's ``ModelCheckpoint`` that also resumes exactly into a new
@@ -261,11 +262,17 @@ class LastCheckpoint(Checkpoint):  # a Checkpoint, so Lightning runs it after th
             self._save(trainer)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._save(trainer)
+        # A validation inside the epoch (val_check_interval): save now. The one at the epoch's end is followed at
+        # once by the epoch-end save, which is the one to resume from: saved here, a resume would replay the
+        # epoch's end without its training metrics (Lightning does not checkpoint its logged epoch values), so
+        # metrics_history.csv and metrics.json would lose that epoch's train/* values.
+        progress = trainer.fit_loop.epoch_loop.batch_progress
+        if not (progress.is_last_batch or progress.current.ready >= trainer.num_training_batches):
+            self._save(trainer)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # Again if no validation ran at the end of this epoch, or if ModelCheckpoint (which saves at the
-        # epoch end, after validation) kept a new best since: last.ckpt must know the best checkpoint.
+        # After the epoch's validation and the best checkpoint's save (ModelCheckpoint saves at the epoch end):
+        # last.ckpt knows the best checkpoint and holds the epoch's row of the history.
         if self._saved != self._state(trainer):
             self._save(trainer)
 

@@ -222,6 +222,10 @@ def _where(state: dict) -> str:
     trainer = state.get("trainer")
     if trainer is None:
         return " before training started"
+    if trainer.state.fn == "test":
+        return f" while testing (training finished at step {trainer.global_step})"
+    if trainer.fit_loop.done:
+        return f" after training (finished at step {trainer.global_step}), before the end-of-fit diagnostics were done"
     return f" at epoch {trainer.current_epoch}, step {trainer.global_step}"
 
 

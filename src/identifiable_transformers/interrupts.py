@@ -66,14 +66,22 @@ def sigterm_stops_the_run() -> Iterator[None]:
         _owner = previous_owner
 
 
+class CtrlC:
+    """Whether Ctrl-C was pressed inside :func:`workers_leave_ctrl_c_to_the_parent`."""
+
+    pressed = False
+
+
 @contextmanager
-def workers_leave_ctrl_c_to_the_parent() -> Iterator[None]:
+def workers_leave_ctrl_c_to_the_parent() -> Iterator[CtrlC]:
     """Ctrl-C reaches every process of the terminal's process group: ``datasets.map`` workers would each print a
-    traceback and the parent wait for them (a multiprocess TimeoutError). Inside this block, processes forked from
-    this one ignore SIGINT (the parent stops them when its own KeyboardInterrupt ends the pool); the parent still
-    gets its KeyboardInterrupt."""
+    traceback, and the parent, waiting for them in a ``finally``, replace its KeyboardInterrupt by a multiprocess
+    TimeoutError. Inside this block, processes forked from this one ignore SIGINT (the pool ends them when the
+    parent leaves it), and the parent's KeyboardInterrupt is noted in the yielded :class:`CtrlC`, so that what the
+    pool raises instead can be told from a real failure."""
+    state = CtrlC()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield state
         return
     parent = os.getpid()
     previous = signal.getsignal(signal.SIGINT)
@@ -81,6 +89,7 @@ def workers_leave_ctrl_c_to_the_parent() -> Iterator[None]:
     def on_sigint(signum, frame):
         if os.getpid() != parent or previous == signal.SIG_IGN:
             return  # a worker: the parent ends the pool
+        state.pressed = True
         if callable(previous):
             previous(signum, frame)
         else:
@@ -88,7 +97,7 @@ def workers_leave_ctrl_c_to_the_parent() -> Iterator[None]:
 
     signal.signal(signal.SIGINT, on_sigint)
     try:
-        yield
+        yield state
     finally:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 

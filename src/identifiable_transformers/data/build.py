@@ -96,8 +96,13 @@ class CacheBuilder:
         try:
             if not procs:
                 return ds.map(fn, batched=True, batch_size=1000, num_proc=procs, **kw)
-            with workers_leave_ctrl_c_to_the_parent():  # one KeyboardInterrupt (the parent's), no worker tracebacks
-                return ds.map(fn, batched=True, batch_size=1000, num_proc=procs, **kw)
+            with workers_leave_ctrl_c_to_the_parent() as ctrl_c:  # the parent's KeyboardInterrupt, no worker's
+                try:
+                    return ds.map(fn, batched=True, batch_size=1000, num_proc=procs, **kw)
+                except BaseException:
+                    if ctrl_c.pressed:  # datasets waits for the pool in a `finally` and raises a TimeoutError
+                        raise KeyboardInterrupt from None
+                    raise
         finally:
             if procs:
                 if saved is None:

@@ -102,6 +102,17 @@ def workers_leave_ctrl_c_to_the_parent() -> Iterator[CtrlC]:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
+def where_it_stopped(trainer) -> str:
+    """Where a run stopped, for the message (``trainer``: None before it was built)."""
+    if trainer is None:
+        return " before training started"
+    if trainer.state.fn == "test":
+        return f" while testing (training finished at step {trainer.global_step})"
+    if trainer.fit_loop.done:
+        return f" after training (finished at step {trainer.global_step}), before the end-of-fit diagnostics were done"
+    return f" at epoch {trainer.current_epoch}, step {trainer.global_step}"
+
+
 def last_checkpoint_path(cfg: DictConfig, output_dir: Path) -> Path | None:
     """Where this run keeps ``last.ckpt`` (``callbacks.last_checkpoint``); None when that callback is off."""
     node = OmegaConf.select(cfg, "callbacks.last_checkpoint")

@@ -32,7 +32,7 @@ from .data.sources import host_reachable
 from .data.tokenizer import tokenizer_from_str
 from .files import DiskFullError, atomic_write, free_space, is_disk_full
 from .history import MetricsHistory
-from .interrupts import Terminated, how_to_resume, received_sigterm, sigterm_stops_the_run
+from .interrupts import Terminated, how_to_resume, received_sigterm, sigterm_stops_the_run, where_it_stopped
 from .quiet import ModelSummary, silence_known_noise
 from .run_checks import (
     adopt_evaluation_settings,
@@ -196,15 +196,15 @@ def run(cfg: DictConfig) -> dict:
         with sigterm_stops_the_run():
             return _run(cfg, output_dir, start, state)
     except (Terminated, SIGTERMException):
-        raise Interrupted(signal.SIGTERM, f"SIGTERM received{_where(state)}. "
+        raise Interrupted(signal.SIGTERM, f"SIGTERM received{where_it_stopped(state.get('trainer'))}. "
                           f"{how_to_resume(cfg, output_dir)}") from None
     except KeyboardInterrupt:
-        raise Interrupted(signal.SIGINT, f"Ctrl-C{_where(state)}. {how_to_resume(cfg, output_dir)}") from None
+        raise _ctrl_c(cfg, output_dir, state) from None
     except SystemExit as e:  # Lightning ends a Ctrl-C inside fit/test with sys.exit(1), after its own cleanup
         trainer = state.get("trainer")
         if isinstance(e, Interrupted) or trainer is None or trainer.state.status != TrainerStatus.INTERRUPTED:
             raise
-        raise Interrupted(signal.SIGINT, f"Ctrl-C{_where(state)}. {how_to_resume(cfg, output_dir)}") from None
+        raise _ctrl_c(cfg, output_dir, state) from None
     except DiskFullError as e:
         raise DiskFullError(f"{e} {how_to_resume(cfg, output_dir)}") from None
     except OSError as e:  # a full disk under a writer of another library (Lightning's CSV logger, Hydra, W&B)
@@ -218,15 +218,9 @@ def run(cfg: DictConfig) -> dict:
             unlock_run_folder(output_dir)
 
 
-def _where(state: dict) -> str:
-    trainer = state.get("trainer")
-    if trainer is None:
-        return " before training started"
-    if trainer.state.fn == "test":
-        return f" while testing (training finished at step {trainer.global_step})"
-    if trainer.fit_loop.done:
-        return f" after training (finished at step {trainer.global_step}), before the end-of-fit diagnostics were done"
-    return f" at epoch {trainer.current_epoch}, step {trainer.global_step}"
+def _ctrl_c(cfg: DictConfig, output_dir: Path, state: dict) -> Interrupted:
+    where = where_it_stopped(state.get("trainer"))
+    return Interrupted(signal.SIGINT, f"Ctrl-C{where}. {how_to_resume(cfg, output_dir)}")
 
 
 def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:

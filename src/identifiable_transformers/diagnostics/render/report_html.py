@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ...files import atomic_write
 from ..maths import attention_identifiability, identifiable_length, key_aware_alternative_dims
 
 __all__ = ["build_report", "tokens_for_batch"]
@@ -228,7 +229,7 @@ def build_report(
             faith_records.append({"example": b, **record})
     parts.append("</body></html>")
     path = out / "report.html"
-    path.write_text("\n".join(parts), encoding="utf-8")
-    (out / "report.json").write_text(json.dumps({"bounds": bounds, "config": cfg, "heads": records,
-                                                  **({"faithfulness": faith_records} if faith else {})}, indent=1))
+    atomic_write(path, "\n".join(parts))
+    atomic_write(out / "report.json", json.dumps({"bounds": bounds, "config": cfg, "heads": records,
+                                                   **({"faithfulness": faith_records} if faith else {})}, indent=1))
     return path

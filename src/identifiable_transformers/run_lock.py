@@ -6,7 +6,8 @@ has to be guessed stale. The file holds the owner's pid and host, for the messag
 process that wants the folder while the first runs is refused with a :class:`~.cli.UserError`; the same process
 asking again (Hydra's callback, then ``training.run``) gets its lock back.
 
-``flock`` works on local disks and on NFSv4 (Linux emulates it with a byte-range lock there).
+Only global rank 0 locks (see :func:`launched_rank`). ``flock`` works on local disks and on NFSv4 (Linux
+emulates it with a byte-range lock there).
 """
 
 from __future__ import annotations
@@ -30,6 +31,15 @@ def _key(folder: str | os.PathLike) -> str:
     return os.path.realpath(os.path.expanduser(str(folder)))
 
 
+def launched_rank() -> int:
+    """This process's global rank as its launcher set it (Lightning's order of variables); 0 when none is set. Only
+    rank 0 locks: the other ranks of a multi-process run share its folder."""
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        if os.environ.get(key, "").strip().isdigit():
+            return int(os.environ[key])
+    return 0
+
+
 def holds_lock(folder: str | os.PathLike) -> bool:
     """Whether this process holds ``folder``'s lock."""
     return _key(folder) in _held
@@ -42,8 +52,8 @@ def lock_run_folder(folder: str | os.PathLike, key: str = "hydra.run.dir") -> bo
     that names the folder, for the message)."""
     folder = Path(os.path.expanduser(str(folder)))
     k = _key(folder)
-    if k in _held:
-        return False
+    if k in _held or launched_rank() != 0:
+        return False  # held already; or another rank of the same run (Lightning's DDP children, SLURM tasks)
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:

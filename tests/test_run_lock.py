@@ -113,3 +113,19 @@ def test_train_py_into_a_folder_in_use_is_refused_before_anything_is_written(tmp
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: the run folder") and f"pid {holder.pid} " in lines[0]
     assert sorted(p.name for p in folder.iterdir()) == [LOCK_NAME]  # no train.log, no .hydra/
+
+
+def test_other_ranks_of_a_run_share_rank_0s_folder(tmp_path, monkeypatch):
+    folder, go, stop = tmp_path / "run", tmp_path / "go", tmp_path / "stop"
+    go.touch()
+    holder = _claimer(folder, go, stop)  # rank 0
+    try:
+        _wait_for(holder, folder)
+        monkeypatch.setenv("LOCAL_RANK", "1")  # what Lightning sets for the DDP process it launches
+        assert claim_folder(folder, resuming=False) is False and not holds_lock(folder)
+        monkeypatch.setenv("LOCAL_RANK", "0")
+        with pytest.raises(FolderInUseError):
+            claim_folder(folder, resuming=False)
+    finally:
+        stop.touch()
+        holder.wait(timeout=60)

@@ -1,4 +1,5 @@
-"""Plots of the report: accuracy and identifiable fraction against the key size; key-aware alternatives against length."""
+"""Plots of the report: accuracy and identifiable fraction against the key size; key-aware alternatives against
+length."""
 
 from __future__ import annotations
 

@@ -115,16 +115,18 @@ def check_resume_batch_size(cfg: DictConfig, ckpt: dict[str, Any], path: str) ->
 
 
 # A resume continues the checkpoint's optimiser, schedule, weights and data position: a setting changed on the
-# command line would be recorded (metrics.json, config_resolved.yaml, the loggers) without being applied.
+# command line would be recorded (metrics.json, config_resolved.yaml, the loggers) without being applied (the
+# optimiser's and the schedule's: restored from the checkpoint), or change the run midway (dropout, the data).
 OPTIMISATION_KEYS = ("lr", "weight_decay", "betas", "warmup_steps", "scheduler", "label_smoothing")
-# Model settings that change neither the weights' meaning nor the optimisation (how fast, not what).
-_FREE_MODEL_KEYS = {"compile"}
+# Model settings that change neither the weights' meaning nor the optimisation (how fast, not what): a resume
+# applies the new value.
+_FREE_MODEL_KEYS = {"compile", "cuda_graphs"}
 # Data settings that say where the data is or how fast it is read, not what a batch holds. batch_size has its own
 # check (check_resume_batch_size); a data file's path may differ between machines (its content is the tokenizer's
 # and the cache key's business).
 _FREE_DATA_KEYS = {"_target_", "batch_size", "cache_dir", "hf_cache_dir", "data_dir", "train_file", "validation_file",
                    "test_file", "tokenizer_file", "num_workers", "num_proc", "pin_memory", "eval_batch_size",
-                   "hub_probe_timeout"}
+                   "hub_probe_timeout", "on_device", "static_shapes", "length_buckets"}
 
 
 def _plain(value: Any) -> Any:
@@ -175,9 +177,10 @@ def check_resume_settings(cfg: DictConfig, ckpt: dict[str, Any], path: str) -> N
     listed = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items())
     original = " ".join(_override(k, old) for k, (old, _) in changes.items())
     raise UserError(f"ckpt_path {path!r} was trained with other settings than this run has: {listed}. A resume "
-                    "continues the checkpoint's weights, optimiser and schedule, so the new values would be recorded "
-                    f"but not applied. Resume with the original values ({original}), or start a new run without "
-                    "ckpt_path to use the new ones.")
+                    "continues the checkpoint's run (its weights, optimiser, schedule and data position are "
+                    "restored): a new value would be recorded but not applied, or change the run midway. Resume "
+                    f"with the original values ({original}), or start a new run without ckpt_path to use the new "
+                    "ones.")
 
 
 def adopt_evaluation_settings(cfg: DictConfig, ckpt: dict[str, Any]) -> dict[str, tuple[Any, Any]]:

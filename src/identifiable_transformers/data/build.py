@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..cli import Interrupted
+from ..files import DiskFullError, free_space, is_disk_full
+from ..interrupts import workers_leave_ctrl_c_to_the_parent
 from . import prepare as P
 from . import sources as S
 from .cache import _hash_file
@@ -90,7 +94,15 @@ class CacheBuilder:
         if procs:
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
         try:
-            return ds.map(fn, batched=True, batch_size=1000, num_proc=procs, **kw)
+            if not procs:
+                return ds.map(fn, batched=True, batch_size=1000, num_proc=procs, **kw)
+            with workers_leave_ctrl_c_to_the_parent() as ctrl_c:  # the parent's KeyboardInterrupt, no worker's
+                try:
+                    return ds.map(fn, batched=True, batch_size=1000, num_proc=procs, **kw)
+                except BaseException:
+                    if ctrl_c.pressed:  # datasets waits for the pool in a `finally` and raises a TimeoutError
+                        raise KeyboardInterrupt from None
+                    raise
         finally:
             if procs:
                 if saved is None:
@@ -113,12 +125,24 @@ class CacheBuilder:
         return self._map(raw.dataset, join, remove_columns=raw.dataset.column_names, desc=f"join text {split}")
 
     def _build(self, out: Path) -> None:
+        """Build into ``out`` (a temporary folder that the caller renames, or removes on any failure). Ctrl-C and a
+        full disk end with one line: :class:`~..cli.Interrupted` (exit status 130) or
+        :class:`~..files.DiskFullError`."""
         from datasets.utils import logging as dlog
 
         bars = dlog.is_progress_bar_enabled()
         dlog.disable_progress_bar()
         try:
             self._build_inner(out)
+        except KeyboardInterrupt:
+            raise Interrupted(signal.SIGINT, f"Ctrl-C while building the tokenized data of {self.name!r}: nothing was "
+                              f"kept in the cache ({self.cache_dir}); run the command again to build it.") from None
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            raise DiskFullError(f"the disk is full: building the tokenized data of {self.name!r} in {out.parent} "
+                                f"failed ({free_space(out.parent)} free on that disk; the partial copy is removed). "
+                                "Free space there, or pass a paths.cache_dir=DIR on a disk with room.") from None
         finally:
             if bars:
                 dlog.enable_progress_bar()

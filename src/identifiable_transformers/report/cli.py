@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..cli import UserError, ensure_output_dir, user_error_message
+from ..files import atomic_write
 from .faithfulness import design_comparison, faithfulness_table, seed_agreement
 from .key_aware import KEY_AWARE_LENGTHS, default_cache_dir, ensure_key_aware, key_aware_lengths, key_aware_table
 from .markdown import markdown_table
@@ -93,26 +94,27 @@ def _report(args: argparse.Namespace) -> None:
         raise UserError(f"{out} already holds a report ({', '.join(earlier)}): pass --out to write this one "
                         "elsewhere, or --overwrite to replace it")
     table = summarise(runs)
-    runs.drop(columns=["_dir", "_best_model_path"]).to_csv(out / "results.csv", index=False)
+    atomic_write(out / "results.csv", runs.drop(columns=["_dir", "_best_model_path"]).to_csv(index=False))
     footnote = f"\nFailed jobs (no metrics.json, left out): {', '.join(failed)}\n" if failed else ""
-    (out / "results.md").write_text(to_markdown(table) + footnote)
+    atomic_write(out / "results.md", to_markdown(table) + footnote)
     written = [out / "results.md", out / "results.csv"]
     faith = faithfulness_table(runs)
     notes: list[str] = []
     if faith is not None:
-        faith.to_csv(out / "faithfulness.csv", index=False)
-        (out / "faithfulness.md").write_text(markdown_table(faith, GROUP + ["explainer"]))
+        atomic_write(out / "faithfulness.csv", faith.to_csv(index=False))
+        atomic_write(out / "faithfulness.md", markdown_table(faith, GROUP + ["explainer"]))
         per_key = design_comparison(runs)
         if per_key is not None:  # then every dataset with a comparison per key size has a pooled one too
             pooled = design_comparison(runs, pool_key_sizes=True)
-            pd.concat([pooled, per_key], ignore_index=True).to_csv(out / "faithfulness_designs.csv", index=False)
-            (out / "faithfulness_designs.md").write_text(_designs_markdown(pooled, per_key))
+            designs = pd.concat([pooled, per_key], ignore_index=True)
+            atomic_write(out / "faithfulness_designs.csv", designs.to_csv(index=False))
+            atomic_write(out / "faithfulness_designs.md", _designs_markdown(pooled, per_key))
             written += [out / "faithfulness_designs.md", out / "faithfulness_designs.csv"]
         agreement, notes = seed_agreement(runs[usable(runs, "explanations.json")])
         written += [out / "faithfulness.md", out / "faithfulness.csv"]
         if agreement is not None:
-            agreement.to_csv(out / "seed_agreement.csv", index=False)
-            (out / "seed_agreement.md").write_text(markdown_table(agreement, GROUP + ["explainer"]))
+            atomic_write(out / "seed_agreement.csv", agreement.to_csv(index=False))
+            atomic_write(out / "seed_agreement.md", markdown_table(agreement, GROUP + ["explainer"]))
             written += [out / "seed_agreement.md", out / "seed_agreement.csv"]
         if out / "faithfulness_designs.md" not in written and set(runs["head_combine"]) >= {"add", "concat"}:
             notes.append("no faithfulness_designs.md: no dataset and key size has two runs of each design "
@@ -128,10 +130,11 @@ def _report(args: argparse.Namespace) -> None:
     ka = key_aware_table(ka_runs)
     plots = plot(table, out)
     if ka is not None:
-        ka.to_csv(out / "key_aware.csv", index=False)
+        atomic_write(out / "key_aware.csv", ka.to_csv(index=False))
         lengths = key_aware_lengths(ka)
-        lengths.to_csv(out / "key_aware_length.csv", index=False)
-        (out / "key_aware.md").write_text(
+        atomic_write(out / "key_aware_length.csv", lengths.to_csv(index=False))
+        atomic_write(
+            out / "key_aware.md",
             markdown_table(ka, GROUP + ["n"], digits=1)
             + "\n\nKey-aware identifiable length (longest tested n with no generatable alternative in any head):\n\n"
             + markdown_table(lengths, list(lengths.columns)))

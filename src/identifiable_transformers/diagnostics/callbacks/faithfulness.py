@@ -27,6 +27,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from ...files import atomic_write
 from ...wandb_logging import wandb_loggers
 from ..faithfulness import (
     CHEAP_EXPLAINERS,
@@ -156,12 +157,28 @@ class FaithfulnessCallback(pl.Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._probe(trainer, pl_module)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_epoch": self.last_epoch}  # which epoch was scored last (in last.ckpt, for a resume)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resumed_epoch = state.get("last_epoch")
+
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
             return
         probe = self._probe(trainer, pl_module)
         if not trainer.is_global_zero:
             return
+        report, metrics = self._score(pl_module, probe)
+        for key, value in metrics.items():
+            pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
+        self.last_report, self.last_metrics, self.last_epoch = report, metrics, trainer.current_epoch
+        out = self._out_dir(trainer) / f"epoch_{trainer.current_epoch:03d}"
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / "faith_metrics.json", json.dumps({k: _finite(v) for k, v in metrics.items()}, indent=1))
+
+    def _score(self, pl_module: pl.LightningModule, probe: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
+        """The cheap explainers' report on the probe and its ``val/faith/*`` metrics."""
         t0 = time.perf_counter()
         batch = probe["batch"]
         dev = pl_module.device
@@ -182,21 +199,25 @@ class FaithfulnessCallback(pl.Callback):
         metrics[f"{PREFIX}/uniform_acc_gap"] = report["uniform_acc_gap"]
         metrics.update(binned_metrics(report["per_example"], probe["lengths"], probe["length_bins"]))
         metrics[f"{PREFIX}/compute_s"] = time.perf_counter() - t0
-        for key, value in metrics.items():
-            pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
-        self.last_report, self.last_metrics, self.last_epoch = report, metrics, trainer.current_epoch
-        out = self._out_dir(trainer) / f"epoch_{trainer.current_epoch:03d}"
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "faith_metrics.json").write_text(json.dumps({k: _finite(v) for k, v in metrics.items()}, indent=1))
+        return report, metrics
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.is_global_zero or self.last_report is None:
+        if not trainer.is_global_zero:
+            return
+        resumed = getattr(self, "_resumed_epoch", None)
+        if self.last_report is None and resumed is not None and resumed == trainer.current_epoch - 1:
+            # A resume with nothing left to train (the run stopped in this stage, or after it): its last validation
+            # scored these same final weights; score them again so that the end-of-fit stage is finished.
+            log.info("faithfulness: finishing the end-of-fit stage of the resumed run (epoch %d)", resumed)
+            self.last_report, self.last_metrics = self._score(pl_module, self._probe(trainer, pl_module))
+            self.last_epoch = resumed
+        if self.last_report is None:
             return
         probe = self._probe(trainer, pl_module)
         out = self._out_dir(trainer)
         out.mkdir(parents=True, exist_ok=True)
         explanations = self._explanations(probe, self.last_report)
-        (out / "explanations.json").write_text(json.dumps(explanations))
+        atomic_write(out / "explanations.json", json.dumps(explanations))
         final_metrics = {k: _finite(v) for k, v in (self.last_metrics or {}).items()}
         examples_extra: dict[str, Any] = {}
         if self.final:
@@ -214,7 +235,7 @@ class FaithfulnessCallback(pl.Callback):
         final = {"epoch": self.last_epoch, "metrics": final_metrics, **explanations, **examples_extra,
                  "labels": [int(x) for x in probe["batch"]["labels"]],
                  "prob": [float(x) for x in self.last_report["prob"]]}
-        (out / "faithfulness_final.json").write_text(json.dumps(final))
+        atomic_write(out / "faithfulness_final.json", json.dumps(final))
         self._log_wandb(trainer, final)
         log.info("faithfulness: wrote %s and %s", out / "explanations.json", out / "faithfulness_final.json")
 

@@ -25,6 +25,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from ...files import atomic_write
 from ...wandb_logging import log_epoch_media, logged_step, wandb_loggers
 from ..maths import attention_identifiability, identifiable_length
 from .media import IdentifiabilityMedia, _render, attention_image  # noqa: F401 (re-exported)
@@ -257,7 +258,7 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
             meta = {k: probe[k] for k in ("indices", "lengths", "bounds", "max_probe_length", "strata", "length_bins")}
             meta.update(seed=self.seed, probe_size=self.probe_size, split="validation",
                         num_validation_examples=len(lengths), num_too_long=too_long)
-            (out / "probe.json").write_text(json.dumps(meta, indent=1))
+            atomic_write(out / "probe.json", json.dumps(meta, indent=1))
         n = np.array(probe["lengths"])
         log.info("identifiability probe: %d examples, lengths %d-%d, %d above the head bound %d; per length bin %s",
                  len(idx), n.min(), n.max(), int((n > bounds["head"]).sum()), bounds["head"],
@@ -309,7 +310,7 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         self.last_report, self.last_metrics, self._last_epoch = report, metrics, epoch
         out = self._out_dir(trainer) / f"epoch_{epoch:03d}"
         out.mkdir(parents=True, exist_ok=True)
-        (out / "ident_metrics.json").write_text(json.dumps(metrics, indent=1))
+        atomic_write(out / "ident_metrics.json", json.dumps(metrics, indent=1))
         if self.wandb_tables and wandb_loggers(trainer):
             import wandb
 
@@ -337,7 +338,7 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         out = self._out_dir(trainer) / folder
         out.mkdir(parents=True, exist_ok=True)
         record.update(indices=probe["indices"], max_length=probe["max_length"], metrics=metrics)
-        (out / "key_aware.json").write_text(json.dumps(record))
+        atomic_write(out / "key_aware.json", json.dumps(record))
         return metrics
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ...files import atomic_write
 from ..maths import attention_identifiability, identifiable_length, key_aware_alternative_dims
 
 __all__ = ["build_report", "tokens_for_batch"]
@@ -251,7 +252,7 @@ def build_report(
                                   null_dim=rep["null_dim"][b], stochastic_null_dim=rep["stochastic_null_dim"][b],
                                   title=f"example {b} (n={n}): raw | effective | witness alternative")
         png = figure_to_png(fig)
-        (out / f"example{b}.png").write_bytes(png)
+        atomic_write(out / f"example{b}.png", png)
         parts.append(f"<img alt='attention maps of example {b}' src='data:image/png;base64,"
                      f"{base64.b64encode(png).decode()}'>")
         if faith is not None:
@@ -269,7 +270,7 @@ def build_report(
             faith_records.append({"example": b, **record})
     parts.append("</body></html>")
     path = out / "report.html"
-    path.write_text("\n".join(parts), encoding="utf-8")
-    (out / "report.json").write_text(json.dumps({"bounds": bounds, "config": cfg, "heads": records,
-                                                  **({"faithfulness": faith_records} if faith else {})}, indent=1))
+    atomic_write(path, "\n".join(parts))
+    atomic_write(out / "report.json", json.dumps({"bounds": bounds, "config": cfg, "heads": records,
+                                                   **({"faithfulness": faith_records} if faith else {})}, indent=1))
     return path

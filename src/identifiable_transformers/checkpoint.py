@@ -142,11 +142,13 @@ def check_compatible(ckpt: dict[str, Any], module: torch.nn.Module, path: str | 
           if k in hp_theirs and k not in skip and hp_theirs[k] != hp_ours[k]}
     parts = [f"hyper-parameters (checkpoint vs this run): {hp}"] if hp else []
     if shapes:
-        parts.append("shapes (checkpoint vs this run): " + ", ".join(f"{k} {a} vs {b}" for k, (a, b) in list(shapes.items())[:5]))
+        pairs = list(shapes.items())[:5]
+        parts.append("shapes (checkpoint vs this run): " + ", ".join(f"{k} {a} vs {b}" for k, (a, b) in pairs))
     # Both lists are named: a deeper checkpoint has only unexpected weights (model.layers.1.*), a
     # shallower one only missing ones; Lightning's strict load would fail on either with a raw error.
     if unexpected:
-        parts.append(f"{len(unexpected)} unexpected weight(s), in the checkpoint but not in this model: {_some(unexpected)}")
+        parts.append(f"{len(unexpected)} unexpected weight(s), in the checkpoint but not in this model: "
+                     f"{_some(unexpected)}")
     if missing:
         parts.append(f"{len(missing)} missing weight(s), in this model but not in the checkpoint: {_some(missing)}")
     raise CheckpointError(f"{what} {str(path)!r} holds a model of another size or kind; " + "; ".join(parts)
@@ -189,11 +191,12 @@ def data_module_kwargs(data_cfg: Any, what: str = "checkpoint", fix: str = "") -
     allowed = set(inspect.signature(TextDataModule).parameters)
     unknown = sorted(str(k) for k in values if k not in allowed)
     if unknown:
-        raise CheckpointError(f"{what}: its data_cfg has keys {unknown} that TextDataModule does not take: refused.{fix}")
+        raise CheckpointError(f"{what}: its data_cfg has keys {unknown} that TextDataModule does not take: "
+                              f"refused.{fix}")
     odd = sorted(k for k, v in values.items() if not _plain(v))
     if odd:
-        raise CheckpointError(f"{what}: its data_cfg has values for {odd} that are not plain settings (str, number, bool, "
-                              f"null, or lists/mappings of them; no nested _target_): refused.{fix}")
+        raise CheckpointError(f"{what}: its data_cfg has values for {odd} that are not plain settings (str, number, "
+                              f"bool, null, or lists/mappings of them; no nested _target_): refused.{fix}")
     return values
 
 

@@ -62,7 +62,8 @@ class MetricsHistory(pl.Callback):
             return
         epoch = trainer.current_epoch
         train = {k: v for k, v in scalar_metrics(trainer.callback_metrics).items() if not k.startswith("val/")}
-        val = {k: v for k, v in (self._val or {}).items() if k != "epoch"} if (self._val or {}).get("epoch") == epoch else {}
+        last_val = self._val or {}
+        val = {k: v for k, v in last_val.items() if k != "epoch"} if last_val.get("epoch") == epoch else {}
         self.rows = [r for r in self.rows if r["epoch"] != epoch]  # an epoch replayed after a resume: its newest row
         self.rows.append({"epoch": epoch, "step": trainer.global_step, **train, **val})
         self._val = None

@@ -45,7 +45,8 @@ class CacheBuilder:
             spec = self.synthetic
             frame = generate(spec)
             log.info("[%s] source=synthetic task=%s: %d rows (seed=%d)", self.name, spec.task, len(frame), spec.seed)
-            return {"train": S.RawSplit(origin=f"the synthetic {spec.task!r} generator (seed={spec.seed})", frame=frame)}
+            origin = f"the synthetic {spec.task!r} generator (seed={spec.seed})"
+            return {"train": S.RawSplit(origin=origin, frame=frame)}
         if self.source == "local":
             raw = {"train": S.read_table(self.train_file, "train_file")}
             if self.validation_file:
@@ -161,7 +162,8 @@ class CacheBuilder:
             P.check_columns(r, fields, label_field)
             if self.rationale_field and self.rationale_field not in r.columns:
                 raise ValueError(f"rationale_field={self.rationale_field!r} not found in {r.origin}; columns found: "
-                                 f"{r.columns}. Set data.rationale_field to the column holding the rationales (or null).")
+                                 f"{r.columns}. Set data.rationale_field to the column holding the rationales "
+                                 "(or null).")
         t1 = time.perf_counter()
         self.timings["read"] = t1 - t0
 
@@ -178,7 +180,8 @@ class CacheBuilder:
             keep = pc.greater(pc.utf8_length(ds.data.column("text")), 0).to_numpy(zero_copy_only=False)
             n_drop = int((~keep).sum())
             if n_drop:
-                log.warning("[%s] dropped %d row(s) with empty/NaN text from the %s split (%s)", self.name, n_drop, s, r.origin)
+                log.warning("[%s] dropped %d row(s) with empty/NaN text from the %s split (%s)", self.name, n_drop, s,
+                            r.origin)
                 ds = ds.select(np.flatnonzero(keep))
             part_labels[s] = np.asarray(ids[s])[keep]
             if len(ds) == 0:
@@ -209,7 +212,8 @@ class CacheBuilder:
                         f"provide a {s} file/split or more data."
                     )
                 parts[s] = train.select(idx[s])
-                split_how[s] = f"carved from train: stratified, seed={self.split_seed}, fraction={f}, {len(idx[s])} of {n_train} rows"
+                split_how[s] = (f"carved from train: stratified, seed={self.split_seed}, fraction={f}, "
+                                f"{len(idx[s])} of {n_train} rows")
             parts["train"] = train.select(idx["rest"])
             split_how["train"] = f"remaining {len(idx['rest'])} of {n_train} rows"
         if self.limit_train_examples and len(parts["train"]) > self.limit_train_examples:
@@ -279,8 +283,10 @@ class CacheBuilder:
             "truncated": {s: int((v >= max_len).sum()) for s, v in lengths.items()},
         }
         if self.rationale_field:
-            meta["rows_with_rationale"] = {s: int(pc.sum(pc.greater(pc.list_value_length(d.data.column("rationale")), 0)).as_py() or 0)
-                                           for s, d in tokenized.items()}
+            def with_rationale(d) -> int:
+                return int(pc.sum(pc.greater(pc.list_value_length(d.data.column("rationale")), 0)).as_py() or 0)
+
+            meta["rows_with_rationale"] = {s: with_rationale(d) for s, d in tokenized.items()}
         meta["checksums"] = {f.relative_to(out).as_posix(): _hash_file(f)
                              for f in sorted(out.rglob("*")) if f.is_file()}
         (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str))

@@ -281,19 +281,22 @@ def _dense(Q: Tensor, K: Tensor, T: Tensor, scale: float) -> dict[str, Any]:
 def _structured(Q: Tensor, K: Tensor, A: Tensor, T: Tensor) -> dict[str, Any]:
     """The structured count (module docstring). Q already carries the logit scale."""
     n = Q.shape[0]
-    margins = []
-    # Queries: the row space of Q; coordinates q'_i = Q V_r, then unit rows (zero rows drop out).
-    _, sq, Vq = torch.linalg.svd(Q, full_matrices=False)
+    margins: dict[str, float] = {}  # every rank decision the count depends on -> its margin
+    # Queries: the row space of Q; coordinates q'_i = Q V_r S_r^-1 (= U_r: an invertible rescaling of the
+    # columns of the key system, which leaves its rank unchanged and its conditioning independent of Q's),
+    # then unit rows (zero rows drop out).
+    Uq, sq, _ = torch.linalg.svd(Q, full_matrices=False)
     r_q, tol_q, m_q = _svd_rank(sq, *Q.shape)
     r_q = int(r_q)
-    margins.append(float(m_q))
-    qc = Q @ Vq[:r_q].T  # (n, r_Q)
+    margins["rank_q"] = float(m_q)
+    qc = Uq[:, :r_q] * sq[:r_q]  # Q V_r
     qnorm = qc.norm(dim=1)
     live_q = qnorm > float(tol_q)
-    qn = torch.where(live_q[:, None], qc / qnorm.clamp_min(1e-300)[:, None], torch.zeros_like(qc))
+    qw = Uq[:, :r_q]
+    qn = torch.where(live_q[:, None], qw / qw.norm(dim=1).clamp_min(1e-300)[:, None], torch.zeros_like(qw))
     # Keys with the ones column: col([K, 1]) = span(1) + col(Ckc), complement Nk [n, p].
     Ckc, Nk, r_k, m_k = _split_ones(K)
-    margins.append(m_k)
+    margins["rank_k1"] = m_k
     Nk = _group_constant(Nk, Ckc, Q, K, T)
     tangent = n * r_q + n * r_k - r_q * r_k - n
 
@@ -301,12 +304,16 @@ def _structured(Q: Tensor, K: Tensor, A: Tensor, T: Tensor) -> dict[str, Any]:
     # 1^T P_i = 0), g_i = rank(C_K^T U_i) output directions, and Z_i: the rest of col(B_i),
     # orthogonal to [K, 1], expressed in the complement basis Nk (Z'_i = Nk^T Z_i).
     # Values: P_i 1 = 0, so only col(T) orthogonal to 1 matters; there B_i = diag(a_i)(Tc - 1 abar_i^T)
-    # has rank exactly dim(Tc) (1 is not in col(Tc) and a_i > 0): no rank decision is needed.
-    Tc, _, _, _ = _split_ones(T)
+    # has rank exactly dim(Tc) (1 is not in col(Tc) and a_i > 0). dim(Tc) = rank([T, 1]) - 1 is a rank
+    # decision like the others (issue 34): its margin is reported, because Tc is an orthonormal basis, which
+    # blows a direction of T just above the tolerance up to unit size.
+    Tc, _, _, m_t = _split_ones(T)
+    margins["rank_t1"] = m_t
     T = Tc
     AT = A @ T  # (n, d)
     d = T.shape[1]
     g_sum = 0
+    m_rows, m_g = math.inf, math.inf
     Zs, lives = [], []
     for lo in range(0, n, _ROW_CHUNK):
         a = A[lo : lo + _ROW_CHUNK]  # (c, n)
@@ -314,26 +321,29 @@ def _structured(Q: Tensor, K: Tensor, A: Tensor, T: Tensor) -> dict[str, Any]:
         B = a[:, :, None] * (T[None] - AT[lo : lo + _ROW_CHUNK, None, :])  # (c, n, d)
         U, s, _ = torch.linalg.svd(B, full_matrices=False)  # U (c, n, d): d <= n - 1 columns, all of rank
         if d:  # how far the smallest (structurally nonzero) singular value sits above the tolerance
-            margins.append(float((s[:, -1] / (s[:, 0] * max(n, d) * _EPS)).min()))
+            m_rows = min(m_rows, float((s[:, -1] / (s[:, 0] * max(n, d) * _EPS)).min()))
         # g_i = rank(C_Kc^T U_i) (U_i is orthogonal to 1); its null vectors span Z_i
         _, sm, Vh = torch.linalg.svd(Ckc.T[None].expand(c, -1, -1) @ U, full_matrices=True)  # Vh (c, d, d)
-        g, _, m_g = _svd_rank(sm, Ckc.shape[1], d)
-        margins.append(float(m_g.min()))
+        g, _, mg = _svd_rank(sm, Ckc.shape[1], d)
+        m_g = min(m_g, float(mg.min()))
         g_sum += int(g.sum())
         null = torch.arange(d)[None] >= g[:, None]  # (c, d) right singular vectors spanning the null space
         null &= live_q[lo : lo + _ROW_CHUNK, None]  # a zero query gives no equation
         Z = U @ (Vh.transpose(1, 2) * null[:, None, :].to(_F64))  # (c, n, d), orthonormal live columns
         Zs.append(Nk.T[None] @ Z)  # (c, p, k)
         lives.append(null)
+    margins["rows_b"], margins["rows_g"] = m_rows, m_g
     key = _key_system_rank(torch.cat(Zs), qn, torch.cat(lives))
-    margins.append(key["margin"])
+    margins["key_system"] = key["margin"]
     output_rank = g_sum + key["rank"]
+    margin = min(margins.values())
     return {
         "tangent_dim": tangent,
         "output_rank": output_rank,
         "alternative_dim": tangent - output_rank,
         "method": "structured",
         "tol": key["tol"],
-        "margin": min(margins),
+        "margin": margin,
+        "margins": margins,
         "key_system": {k: key[k] for k in ("shape", "how", "rank")},
     }

@@ -27,8 +27,9 @@ generic inputs. The key system is the only large matrix. Its rank is decided by 
 when its smaller side is at most ``_DIRECT_SVD_MAX``; otherwise by a certificate (a Cholesky
 factorisation of its Gram matrix, shifted by a rounding-error bound, proves every singular value
 above the tolerance: full rank), and by an SVD of its R factor when the certificate fails.
-``margin`` reports how far the closest rank decision sat from its tolerance (a ratio >= 1; near
-1 the count depends on float64 resolution and should not be trusted).
+``margin`` reports how far the closest rank decision sat from its tolerance (a ratio >= 1), over every
+decision the count depends on (ranks of Q, [K, 1], [T, 1], each row's, the key system). Below
+``UNRESOLVED_MARGIN`` the count depends on float64 resolution and is reported as unresolved.
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ _EPS = torch.finfo(_F64).eps
 # (bench/bench_key_aware.py --crossover, and warm in one process): the structured count is as fast or faster
 # at every size down to n = 3, and a fresh process pays about 1 s to start torch.func, so "auto" never takes it.
 DENSE_MAX_ELEMENTS = 0
+# A count whose margin (the closest of its rank decisions to its tolerance, as a ratio) is below this is
+# *unresolved*: float64 cannot tell it from a neighbouring count. Calibrated against exact arithmetic
+# (tests/diagnostics/test_key_aware_margins.py: mpmath at 100 digits on random d_k = 1-2 heads, n = 12-32,
+# peaked to near-uniform attention): every float64 count that differed from the exact one had a margin of
+# at most 4.3 (the geometric decay rate of the key system's smallest singular values), and every count
+# with a margin of 9 or more was exact; 100 leaves a factor of 20 over the worst case seen.
+UNRESOLVED_MARGIN = 100.0
 # Key systems whose smaller side is at most this are ranked by a direct SVD.
 _DIRECT_SVD_MAX = 1536
 # Rows of B (n x n x d each) handled per batched SVD, to bound memory.
@@ -228,7 +236,9 @@ def generatable_alternative_dim(
     1 / sqrt(d_k). Returns ``tangent_dim`` = rank(J), ``output_rank`` = rank(L J),
     ``alternative_dim`` = their difference, ``key_agnostic_dim`` = n (n - rank[T, 1]) (the
     row-stochastic alternatives of any kind, 2.2), plus ``method`` ("dense" or "structured"),
-    ``tol`` (the tolerance of the deciding rank) and ``margin`` (see the module docstring).
+    ``tol`` (the tolerance of the deciding rank), ``margin`` (the smallest over every rank decision the
+    count depends on, see the module docstring; structured: ``margins`` per decision) and ``resolved``
+    (margin >= ``UNRESOLVED_MARGIN``; an unresolved count is not a property of the head).
     ``method="auto"`` takes the dense path where J has at most ``DENSE_MAX_ELEMENTS`` entries.
     """
     Q, K, T = Q.detach().to("cpu", _F64), K.detach().to("cpu", _F64), T.detach().to("cpu", _F64)
@@ -251,6 +261,7 @@ def generatable_alternative_dim(
     else:
         res = _structured(Q * scale, K, A, T)
     res["key_agnostic_dim"] = key_agnostic
+    res["resolved"] = bool(res["margin"] >= UNRESOLVED_MARGIN)
     return res
 
 

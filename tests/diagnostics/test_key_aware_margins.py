@@ -10,6 +10,8 @@ singular value of these heads above 1e-50 (1e-25): the rank is read off an unmis
 
 from __future__ import annotations
 
+import math
+
 import mpmath as mp
 import pytest
 import torch
@@ -108,3 +110,26 @@ def test_the_margin_includes_the_rank_of_T(c, count, resolved):
     assert res["margin"] == min(res["margins"].values()) == res["margins"]["rank_t1"]
     assert max(c, 1 / c) / 3 <= res["margin"] <= 3 * max(c, 1 / c)
     assert res["margins"]["key_system"] > 1e6  # the decision the old margin reported, far from its tolerance
+
+
+def test_the_callback_reports_unresolved_counts_apart(monkeypatch):
+    from identifiable_transformers.diagnostics.callbacks.key_aware_probe import key_aware_metrics
+    from identifiable_transformers.diagnostics.maths import key_aware
+    from identifiable_transformers.models import TransformerClassifier
+
+    torch.manual_seed(0)
+    model = TransformerClassifier(vocab_size=30, num_classes=2, embed_dim=8, num_heads=2, key_dim=4, max_len=24)
+    ids = torch.randint(3, 30, (2, 20))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids, dtype=torch.bool)}
+    monkeypatch.setattr(key_aware, "UNRESOLVED_MARGIN", 0.0)
+    metrics, record = key_aware_metrics(model, batch)
+    alt = torch.tensor(record["alternative_dim"], dtype=F64)
+    assert metrics["val/ident/key_aware_unresolved_frac"] == 0.0
+    assert metrics["val/ident/key_aware_alternative_dim"] == float(alt.mean())
+    assert alt.max() > 0  # concat, d_k = d_v = 4 at n = 20: the generic count is positive
+    monkeypatch.setattr(key_aware, "UNRESOLVED_MARGIN", math.inf)
+    metrics, record = key_aware_metrics(model, batch)
+    assert metrics["val/ident/key_aware_unresolved_frac"] == 1.0
+    assert math.isnan(metrics["val/ident/key_aware_alternative_dim"])
+    assert math.isnan(metrics["val/ident/key_aware_identifiable_frac"])
+    assert record["resolved"] == [[[False, False]]] * 2

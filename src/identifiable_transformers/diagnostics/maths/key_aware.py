@@ -125,9 +125,35 @@ def _key_system_rank(Z: Tensor, qn: Tensor, live: Tensor) -> dict[str, Any]:
     E = _stack_rows(Z, qn, live)
     R = torch.linalg.qr(E if rows >= cols else E.T, mode="r").R  # same singular values as E
     del E
+    bound = _inverse_bound(R, rows, cols)
+    if bound is not None:
+        return {"rank": min(rows, cols), **bound, "how": "qr+inv", "shape": [rows, cols]}
     s = torch.linalg.svdvals(R)
     rank, tol, margin = _svd_rank(s, rows, cols)
     return {"rank": int(rank), "tol": float(tol), "margin": float(margin), "how": "qr+svd", "shape": [rows, cols]}
+
+
+def _inverse_bound(R: Tensor, rows: int, cols: int) -> dict[str, float] | None:
+    """Full rank from the R factor without its SVD, or None: sigma_min(R) >= 1 / ||R^-1||_F.
+
+    R [k, k] is triangular, so its inverse costs k^3 / 3 (an SVD about 10 k^3). The tolerance uses
+    ||R||_F >= sigma_max, so it is never below the SVD path's; the bound loses at most sqrt(k) against the
+    true sigma_min, and the computed inverse is accurate to about k eps kappa(R) (relative), far below
+    that factor wherever this path decides. Margin: the bound over the tolerance (a lower bound on it).
+    """
+    k = R.shape[0]
+    if k == 0 or not bool(torch.isfinite(R).all()) or float(R.diagonal().abs().min()) == 0.0:
+        return None
+    tol = float(torch.linalg.matrix_norm(R)) * max(rows, cols) * _EPS
+    Rinv = torch.linalg.solve_triangular(R, torch.eye(k, dtype=R.dtype), upper=True)
+    inv_norm = float(torch.linalg.matrix_norm(Rinv))
+    del Rinv
+    if not math.isfinite(inv_norm) or inv_norm == 0.0:
+        return None
+    lower = 1.0 / inv_norm
+    if lower > 2.0 * tol:
+        return {"tol": tol, "margin": lower / tol}
+    return None
 
 
 def _stack_rows(Z: Tensor, qn: Tensor, live: Tensor) -> Tensor:
@@ -168,8 +194,12 @@ def _certify_full_rank(Z: Tensor, qn: Tensor, live: Tensor, rows: int, cols: int
     """
     G = _gram(Z, qn, live, rows, cols)
     dim = G.shape[0]
+    n, p, m = Z.shape
     trace = float(rows)  # unit rows
-    err = 2.0 * (max(rows, cols) + dim + 2) * _EPS * trace
+    # Each entry of G sums at most `terms` rounded products (tall: m per Z_i Z_i^T, then over the n rows in
+    # chunks; wide: p and r per factor), so |fl(G) - G| <= gamma_terms |E|^T |E|, of 2-norm <= trace.
+    terms = n + m + 2 if rows >= cols else p + qn.shape[1] + 2
+    err = 2.0 * (terms + dim + 2) * _EPS * trace
     # sigma_max(E)^2 = lambda_max(G); power steps approach it from below, so pad generously.
     gen = torch.Generator().manual_seed(0)
     v = torch.randn(dim, dtype=G.dtype, generator=gen)

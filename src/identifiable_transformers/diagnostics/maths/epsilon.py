@@ -16,13 +16,12 @@ shifted simplex a + d >= 0. We compute two numbers:
   until either the output bound r or the simplex boundary stops it. Candidates: +-the 4 weakest directions
   H W_k; the move of a towards its projection onto the span of the j weakest directions (j = 1, 2, 4, ...)
   and onto the exact null space (moves that empty a's large entries first, the witness search's choice);
-  the straight moves towards each vertex e_j of the simplex; and the ellipsoid's support points for those
-  moves' sign patterns; the exact witness of 2.3 when given.
+  the straight moves towards each vertex e_j of the simplex; the exact witness of 2.3 when given.
 * ``eps_tv_bound``: an upper bound, min(1 - min_j a_j, r/2 sqrt(sum_k (||H W_k||_1 / s_k)^2)) (the simplex's
   farthest vertex; Cauchy-Schwarz on ||d||_1 <= sum_k |c_k| ||H W_k||_1 with sum_k s_k^2 c_k^2 <= r^2); 1 - min a
   when T has an exact null direction in 1^perp (then the exact diagnostic already says "not identifiable").
 
-Singular values below the rank tolerance of [T, 1] (the exact diagnostic's) count as exact zeros.
+Singular values below the rank tolerance of H^T T (sigma_max max(n, d + 1) eps) count as exact zeros.
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ def _ones_complement(n: int, dtype=_F64) -> Tensor:
 def _weak_directions(T: Tensor) -> tuple[Tensor, Tensor]:
     """(D [..., n, n - 1], s [..., n - 1]): unit moves D_k in 1^perp (columns) with ||D_k^T T|| = s_k, s ascending.
 
-    Singular values below the rank tolerance of [T, 1] are set to exact zeros.
+    Singular values below the rank tolerance of H^T T are set to exact zeros.
     """
     n, d = T.shape[-2:]
     H = _ones_complement(n, T.dtype)
@@ -63,88 +62,97 @@ def _weak_directions(T: Tensor) -> tuple[Tensor, Tensor]:
     pad = (n - 1) - s.shape[-1]
     if pad > 0:
         s = torch.cat([s, s.new_zeros(*s.shape[:-1], pad)], dim=-1)
-    smax = torch.linalg.svdvals(T)[..., :1] if n > 1 else s[..., :1]
-    tol = torch.maximum(smax, s[..., :1]) * max(n, d + 1) * _EPS
+    tol = s[..., :1] * max(n, d + 1) * _EPS  # the rank tolerance of H^T T
     s = torch.where(s > tol, s, torch.zeros_like(s))
     D = H @ W  # [..., n, n - 1]
     return D.flip(-1), s.flip(-1)  # weakest first
 
 
-def _step(A: Tensor, Dc: Tensor, out_norm: Tensor, r: Tensor) -> Tensor:
-    """TV of the longest feasible step along each candidate. A [..., R, n] rows; Dc [..., R, C, n] directions
-    (any norm, summing to 0); out_norm [..., R, C] = ||d T|| of each; r [..., R] the output budget."""
+def _simplex_step(A: Tensor, Dc: Tensor) -> Tensor:
+    """Longest step t with a + t d >= 0 per candidate. A [..., R, n]; Dc [..., R, C, n] -> [..., R, C] (0 for d = 0)."""
     neg = Dc < -_DIR_THR * Dc.abs().amax(-1, keepdim=True).clamp_min(1e-300)
     ratio = A.unsqueeze(-2).clamp_min(0) / (-Dc).clamp_min(1e-300)
-    t_simplex = torch.where(neg, ratio, torch.full_like(ratio, math.inf)).amin(-1)  # [..., R, C]
-    t_out = torch.where(out_norm > 0, r.unsqueeze(-1) / out_norm.clamp_min(1e-300), torch.full_like(out_norm, math.inf))
-    t = torch.minimum(t_simplex, t_out)
-    t = torch.where(torch.isfinite(t), t, torch.zeros_like(t))  # a zero direction moves nothing
-    return 0.5 * t * Dc.abs().sum(-1)
+    t = torch.where(neg, ratio, torch.full_like(ratio, math.inf)).amin(-1)
+    return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
 
 
-def epsilon_alternative_tv(A: Tensor, T: Tensor, eps: float, exact_tv: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Per row of A [..., n, n] with T [..., n, d]: (tv found [..., n], upper bound [..., n]) at this eps.
-
-    The found value is achieved by a valid a' (a step along one candidate); tv_eps lies between the two.
-    ``exact_tv`` (broadcastable to [..., n]): TVs of exact alternatives already found (the witness of 2.3),
-    which move the output by 0 and so count as candidates too.
-    """
-    A, T = A.to(_F64), T.to(_F64)
+def _candidates(A: Tensor, T: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Every candidate move per row, independent of eps: (t_simplex, out, half_l1) [..., R, C] -- the step
+    that reaches the simplex boundary, ||d T|| and ||d||_1 / 2 per unit step -- and the bound's pieces
+    (quad [..., 1], has_null [..., 1])."""
     n = T.shape[-2]
-    if n < 2:
-        z = A.new_zeros(A.shape[:-1])
-        return z, z
     D, s = _weak_directions(T)  # [..., n, n-1], [..., n-1]
-    r = eps * (A @ T).norm(dim=-1)  # [..., n]
-    # Upper bound.
     l1 = D.abs().sum(-2)  # [..., n-1]
     has_null = (s == 0).any(-1, keepdim=True)
     quad = ((l1 / s.clamp_min(1e-300)) ** 2).where(s > 0, torch.zeros_like(s)).sum(-1, keepdim=True).sqrt()
-    simplex = 1.0 - A.amin(-1)
-    bound = torch.where(has_null, simplex, torch.minimum(simplex, 0.5 * r * quad))
-    # Candidates 1: +-the weakest directions.
+    ts, outs, hl1 = [], [], []
+
+    def add(Dc: Tensor, out: Tensor) -> None:  # Dc [..., R, C, n], out [..., R, C]
+        ts.append(_simplex_step(A, Dc))
+        outs.append(out)
+        hl1.append(0.5 * Dc.abs().sum(-1))
+
+    # 1: +-the weakest directions.
     k = min(_BASIS_DIRECTIONS, n - 1)
     basis = D[..., :k].transpose(-1, -2)  # [..., k, n]
     Db = torch.cat([basis, -basis], dim=-2).unsqueeze(-3).expand(*A.shape[:-1], 2 * k, n)
-    sb = torch.cat([s[..., :k], s[..., :k]], dim=-1).unsqueeze(-2).expand(*A.shape[:-1], 2 * k)
-    best = _step(A, Db, sb, r).amax(-1)
-    # Candidates 2: towards a's projection onto the j weakest directions (coordinates c = D^T a).
+    add(Db, torch.cat([s[..., :k], s[..., :k]], dim=-1).unsqueeze(-2).expand(*A.shape[:-1], 2 * k))
+    # 2: towards a's projection onto the j weakest directions (coordinates c = D^T a), and onto the exact null space.
     c = A @ D  # [..., n, n-1]
     for j in sorted({*(2**p for p in range(int(math.log2(n - 1)) + 1)), n - 1}):
         cj = c[..., :j]
-        d = -(cj @ D[..., :j].transpose(-1, -2))  # [..., n, n]: -P_j a per row
-        out = (cj * s[..., :j].unsqueeze(-2)).norm(dim=-1)  # ||d T||
-        best = torch.maximum(best, _step(A, d.unsqueeze(-2), out.unsqueeze(-1), r).squeeze(-1))
-    null = (s == 0).to(s.dtype).unsqueeze(-2)  # ... and onto the exact null space (the exact witness's move)
-    d = -((c * null) @ D.transpose(-1, -2))
-    best = torch.maximum(best, _step(A, d.unsqueeze(-2), torch.zeros_like(r).unsqueeze(-1), r).squeeze(-1))
-    # Candidates 3: straight towards each vertex e_j of the simplex (d = e_j - a, ||d T|| = ||T_j - a T||).
+        out = (cj * s[..., :j].unsqueeze(-2)).norm(dim=-1, keepdim=True)
+        add(-(cj @ D[..., :j].transpose(-1, -2)).unsqueeze(-2), out)
+    null = (s == 0).to(s.dtype).unsqueeze(-2)
+    add(-((c * null) @ D.transpose(-1, -2)).unsqueeze(-2), A.new_zeros(*A.shape[:-1], 1))
+    # 3: straight towards each vertex e_j (d = e_j - a: step 1, ||d T|| = ||T_j - a T||, ||d||_1 / 2 = 1 - a_j).
     AT = A @ T
-    out_v = (T.unsqueeze(-3) - AT.unsqueeze(-2)).norm(dim=-1)  # [..., R, n]
-    t_v = torch.where(out_v > 0, r.unsqueeze(-1) / out_v.clamp_min(1e-300), torch.full_like(out_v, math.inf))
-    t_v = t_v.clamp(max=1.0)
-    best = torch.maximum(best, (t_v * (1.0 - A)).amax(-1))  # TV of a + t (e_j - a) is t (1 - a_j)
-    # Candidates 4: the ellipsoid's support points for the sign patterns of those vertex moves (+ at j, - elsewhere):
-    # d_j = M (2 e_j - 1), M = D diag(1/s^2) D^T, the move of largest sigma . d per unit of output (no exact null).
-    inv = torch.where(s > 0, 1.0 / s.clamp_min(1e-300) ** 2, torch.zeros_like(s))
-    M = (D * inv.unsqueeze(-2)) @ D.transpose(-1, -2)  # [..., n, n]
-    Dv = (2.0 * M - M.sum(-1, keepdim=True)).transpose(-1, -2)  # [..., n (j), n]: rows d_j (M symmetric)
-    Dv = Dv / Dv.norm(dim=-1, keepdim=True).clamp_min(1e-300)
-    out_s = (Dv @ T).norm(dim=-1)  # [..., n]
-    Dc = Dv.unsqueeze(-3).expand(*A.shape[:-1], n, n)
-    best = torch.maximum(best, _step(A, Dc, out_s.unsqueeze(-2).expand(*A.shape[:-1], n), r).amax(-1))
-    if exact_tv is not None:
-        best = torch.maximum(best, exact_tv.to(best.dtype).expand_as(best))
-    return best, torch.maximum(bound, best)
+    ts.append(torch.ones_like(A))
+    sq = (T * T).sum(-1).unsqueeze(-2) - 2.0 * AT @ T.transpose(-1, -2) + (AT * AT).sum(-1, keepdim=True)
+    outs.append(sq.clamp_min(0).sqrt())  # ||T_j - a T||, through one matmul
+    hl1.append(1.0 - A)
+    return torch.cat(ts, -1), torch.cat(outs, -1), torch.cat(hl1, -1), quad, has_null
+
+
+def epsilon_alternative_tvs(A: Tensor, T: Tensor, eps: list[float],
+                            exact_tv: Tensor | None = None) -> list[tuple[Tensor, Tensor]]:
+    """Per row of A [..., n, n] with T [..., n, d] and per eps: (tv found [..., n], upper bound [..., n]).
+
+    The found value is achieved by a valid a' (a step along one candidate); tv_eps lies between the two.
+    ``exact_tv`` (broadcastable to [..., n]): TVs of exact alternatives already found (the witness of 2.3),
+    which move the output by 0 and so count as candidates too. The candidates are built once for all eps.
+    """
+    A, T = A.to(_F64), T.to(_F64)
+    if T.shape[-2] < 2:
+        z = A.new_zeros(A.shape[:-1])
+        return [(z, z) for _ in eps]
+    t_simplex, out, half_l1, quad, has_null = _candidates(A, T)
+    norm_out = (A @ T).norm(dim=-1)  # [..., n]
+    simplex = 1.0 - A.amin(-1)
+    results = []
+    for e in eps:
+        r = e * norm_out
+        t_out = torch.where(out > 0, r.unsqueeze(-1) / out.clamp_min(1e-300), torch.full_like(out, math.inf))
+        best = (torch.minimum(t_simplex, t_out) * half_l1).amax(-1)
+        if exact_tv is not None:
+            best = torch.maximum(best, exact_tv.to(best.dtype).expand_as(best))
+        bound = torch.where(has_null, simplex, torch.minimum(simplex, 0.5 * r * quad))
+        results.append((best, torch.maximum(bound, best)))
+    return results
+
+
+def epsilon_alternative_tv(A: Tensor, T: Tensor, eps: float, exact_tv: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``epsilon_alternative_tvs`` at one eps."""
+    return epsilon_alternative_tvs(A, T, [eps], exact_tv)[0]
 
 
 def epsilon_tv_metrics(A: Tensor, T: Tensor, exact_tv: Tensor | None = None) -> dict[str, Tensor]:
     """Per head (max over rows) ``eps_tv_*`` and ``eps_tv_bound_*`` at the logged levels, A [..., n, n], T [..., n, d].
 
     ``exact_tv`` [...]: the head's exact witness TV (``alt_attention_tv``), a candidate at every eps."""
-    out = {}
     ex = None if exact_tv is None else exact_tv.unsqueeze(-1)
-    for (name, eps), bname in zip(EPS_LEVELS.items(), EPS_BOUNDS):
-        tv, ub = epsilon_alternative_tv(A, T, eps, ex)
+    out = {}
+    res = epsilon_alternative_tvs(A, T, list(EPS_LEVELS.values()), ex)
+    for name, bname, (tv, ub) in zip(EPS_LEVELS, EPS_BOUNDS, res):
         out[name], out[bname] = tv.amax(-1), ub.amax(-1)
     return out

@@ -53,9 +53,11 @@ DENSE_MAX_ELEMENTS = 0
 # *unresolved*: float64 cannot tell it from a neighbouring count. Calibrated against exact arithmetic
 # (tests/diagnostics/test_key_aware_margins.py: mpmath at 100 digits on random d_k = 1-2 heads, n = 12-32,
 # peaked to near-uniform attention): every float64 count that differed from the exact one had a margin of
-# at most 4.3 (the geometric decay rate of the key system's smallest singular values), and every count
-# with a margin of 9 or more was exact; 100 leaves a factor of 20 over the worst case seen.
-UNRESOLVED_MARGIN = 100.0
+# at most 4.3 (the geometric decay rate of the key system's smallest singular values through the
+# tolerance). It cannot be set much higher: an exact zero of a small matrix leaves rounding noise only
+# 10-100 times below the tolerance (sigma_max max(rows, cols) eps), so correct counts of short heads have
+# margins of 30-200 (tests/diagnostics/test_diagnostics_callback.py's tiny model).
+UNRESOLVED_MARGIN = 10.0
 # Key systems whose smaller side is at most this are ranked by a direct SVD.
 _DIRECT_SVD_MAX = 1536
 # Rows of B (n x n x d each) handled per batched SVD, to bound memory.

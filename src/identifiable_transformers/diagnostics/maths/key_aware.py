@@ -26,7 +26,8 @@ Every rank is numerical, in float64, with the tolerance rule of the other ranks
 generic inputs. The key system is the only large matrix. Its rank is decided by a direct SVD
 when its smaller side is at most ``_DIRECT_SVD_MAX``; otherwise by a certificate (a Cholesky
 factorisation of its Gram matrix, shifted by a rounding-error bound, proves every singular value
-above the tolerance: full rank), and by an SVD of its R factor when the certificate fails.
+above the tolerance: full rank); when the certificate fails, by its R factor: full rank when
+sigma_min(R) >= 1 / ||R^-1||_F clears the tolerance (``qr+inv``), else an SVD of R (``qr+svd``).
 ``margin`` reports how far the closest rank decision sat from its tolerance (a ratio >= 1), over every
 decision the count depends on (ranks of Q, [K, 1], [T, 1], each row's, the key system). Below
 ``UNRESOLVED_MARGIN`` the count depends on float64 resolution and is reported as unresolved.

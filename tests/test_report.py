@@ -200,11 +200,16 @@ def test_key_aware_lengths_random_heads_and_margins_are_tabulated(tmp_path, caps
         rows.append({**config, "key_dim": key_dim, "seed": 1, "run": str(key_dim), "_dir": str(d.parent)})
     table = key_aware_table(pd.DataFrame(rows))
     t64 = table[table["key_dim"] == 64].set_index("n")
-    assert list(t64["identifiable_heads"]) == [1.0, 0.5, 0.0]
+    # margin 3.0 < UNRESOLVED_MARGIN: head 0 at n = 64 is unresolved, left out of the share and the mean
+    assert list(t64["identifiable_heads"]) == [1.0, 0.0, 0.0]
+    assert list(t64["unresolved_heads"]) == [0.0, 0.5, 0.0]
+    assert list(t64["alternative_dim_mean"]) == [0.0, 5.0, 9.0]
     assert list(t64["random_alternative_dim_mean"]) == [0.0, 4.0, 8.0]
     assert list(t64["margin_min"]) == [1e6, 3.0, 2e4]
     lengths = key_aware_lengths(table).set_index("key_dim")
-    assert lengths.loc[2, "identifiable_length"] == 256 and lengths.loc[2, "random_identifiable_length"] == 64
+    # d_k = 2: no alternative anywhere, but n = 64 is unresolved, so only 16 is established
+    assert lengths.loc[2, "identifiable_length"] == 16 and lengths.loc[2, "random_identifiable_length"] == 64
+    assert lengths.loc[2, "unresolved_lengths"] == "64"
     assert lengths.loc[64, "identifiable_length"] == 16 and lengths.loc[64, "random_identifiable_length"] == 16
 
     with pytest.raises(SystemExit) as exit_:

@@ -71,7 +71,8 @@ def _degenerate(n, dk, dv, g):
     yield "rank-one values", Q, K, T[:, :1] @ torch.randn(1, dv, generator=g, dtype=F64)
 
 
-@pytest.mark.parametrize("n,dk,dv", [(5, 2, 3), (6, 3, 2), (7, 8, 4), (8, 2, 8), (9, 4, 4), (4, 6, 3), (10, 1, 6), (12, 3, 5)])
+@pytest.mark.parametrize("n,dk,dv", [(5, 2, 3), (6, 3, 2), (7, 8, 4), (8, 2, 8), (9, 4, 4), (4, 6, 3), (10, 1, 6),
+                                     (12, 3, 5)])
 def test_structured_count_equals_dense_ranks_on_degenerate_heads(n, dk, dv):
     # (7, 8, 4) and (4, 6, 3) have d_k >= n. Exact degeneracies leave rounding noise a few times
     # below the tolerance (margins 5-20 here), so every case is compared, whatever its margin.
@@ -91,11 +92,18 @@ def test_certified_and_qr_paths_agree_with_the_direct_svd(monkeypatch):
     certified = [generatable_alternative_dim(*h, method="structured") for h in heads]
     assert [r["key_system"]["how"] for r in certified] == ["certified"] * len(heads)
     monkeypatch.setattr(key_aware, "_certify_full_rank", lambda *a: None)
+    inv = [generatable_alternative_dim(*h, method="structured") for h in heads]
+    assert [r["key_system"]["how"] for r in inv] == ["qr+inv"] * len(heads)  # full rank: R's inverse decides
+    monkeypatch.setattr(key_aware, "_inverse_bound", lambda *a: None)
     qr = [generatable_alternative_dim(*h, method="structured") for h in heads]
     assert [r["key_system"]["how"] for r in qr] == ["qr+svd"] * len(heads)
-    for a, b, c in zip(direct, certified, qr):
+    for a, b, c, d in zip(direct, certified, qr, inv):
         assert {k: a[k] for k in COUNTS} == {k: b[k] for k in COUNTS} == {k: c[k] for k in COUNTS}
+        assert {k: a[k] for k in COUNTS} == {k: d[k] for k in COUNTS}
         assert b["key_system"]["rank"] == min(b["key_system"]["shape"])  # a proof of full rank
+        # the inverse's bound is below the SVD's margin by at most sqrt(cols) (and the tolerance's ||R||_F)
+        assert c["margins"]["key_system"] / math.sqrt(max(c["key_system"]["shape"])) ** 2 <= d["margins"]["key_system"]
+        assert d["margins"]["key_system"] <= c["margins"]["key_system"] * (1 + 1e-9)
 
 
 def _orthonormal(rows, cols, g):
@@ -120,6 +128,8 @@ def test_the_certificate_refuses_a_rank_deficient_key_system(tall):
     rank = int(torch.linalg.matrix_rank(E))
     assert rank < min(E.shape)
     assert key_aware._certify_full_rank(Z, qn, live, *E.shape) is None
+    R = torch.linalg.qr(E if E.shape[0] >= E.shape[1] else E.T, mode="r").R
+    assert key_aware._inverse_bound(R, *E.shape) is None  # nor does R's inverse claim full rank
     assert key_aware._key_system_rank(Z, qn, live)["rank"] == rank
     # the same shapes without the degeneracy are certified
     Z = torch.stack([_orthonormal(p, m, g) for _ in range(n)])

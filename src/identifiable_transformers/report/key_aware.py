@@ -5,8 +5,11 @@ For each run's best checkpoint the report takes, per target length n (``KEY_AWAR
 the alternatives the head itself could produce (``generatable_alternative_dim``, exact and structured).
 Beside every trained head it counts a *matched random head*: Gaussian Q, K and T of the same shapes (T
 with the trained T's rank, its value size), each scaled to the trained one's Frobenius norm, so that the
-logits have the same size and attention is as peaked or as flat. Results go to ``<run>/identifiability/key_aware.json``; the table is per
-configuration and length, with the key-aware identifiable length (the longest n with no alternative).
+logits have the same size and attention is as peaked or as flat. Results go to
+``<run>/identifiability/key_aware.json``; the table is per configuration and
+length, with the key-aware identifiable length (the longest n with no alternative).
+A head whose count has a margin below ``UNRESOLVED_MARGIN`` (float64 cannot decide it, issue 34) is
+*unresolved*: its count is left out of the means and shares and counted in ``unresolved_heads`` instead.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ def key_aware_counts(model, input_ids, attention_mask, random_heads: bool = True
     """Counts per example, layer and head as nested lists [B][L][H], trained and matched random heads.
 
     Keys: ``alternative_dim``, ``key_agnostic_dim``, ``tangent_dim``, ``margin`` (None: no decision near
-    a tolerance), ``method``, and with ``random_heads`` ``random_alternative_dim``, ``random_margin``.
+    a tolerance), ``resolved``, ``method``, and with ``random_heads`` ``random_alternative_dim``,
+    ``random_margin``, ``random_resolved``.
     """
     import torch
 
@@ -41,7 +45,8 @@ def key_aware_counts(model, input_ids, attention_mask, random_heads: bool = True
     heads = head_inputs(model, input_ids, attention_mask)
     B, L, H = heads["shape"]
     lengths = heads["lengths"].tolist()
-    keys = [*COUNTS, "margin", "method"] + (["random_alternative_dim", "random_margin"] if random_heads else [])
+    keys = [*COUNTS, "margin", "resolved", "method"]
+    keys += ["random_alternative_dim", "random_margin", "random_resolved"] if random_heads else []
     out = {k: [[[None] * H for _ in range(L)] for _ in range(B)] for k in keys}
     g = torch.Generator().manual_seed(seed)
 
@@ -57,12 +62,14 @@ def key_aware_counts(model, input_ids, attention_mask, random_heads: bool = True
         for k in COUNTS:
             out[k][b][l][h] = res[k]
         out["margin"][b][l][h] = _finite(res["margin"])
+        out["resolved"][b][l][h] = res["resolved"]
         out["method"][b][l][h] = res["method"]
         if random_heads:
             rank = int(torch.linalg.matrix_rank(T))
             rnd = generatable_alternative_dim(matched(Q), matched(K), matched(T, rank))
             out["random_alternative_dim"][b][l][h] = rnd["alternative_dim"]
             out["random_margin"][b][l][h] = _finite(rnd["margin"])
+            out["random_resolved"][b][l][h] = rnd["resolved"]
     return {**out, "lengths": lengths}
 
 
@@ -172,9 +179,23 @@ def _refusal(r, ex: Exception) -> bool:
     return True
 
 
+def _resolved(margins) -> np.ndarray:
+    """Per head: margin >= UNRESOLVED_MARGIN (None = no decision near a tolerance = resolved)."""
+    from ..diagnostics.maths.key_aware import UNRESOLVED_MARGIN
+
+    m = np.ravel(np.asarray(margins, dtype=object))
+    return np.array([x is None or x >= UNRESOLVED_MARGIN for x in m], dtype=bool)
+
+
+def _mean(x: np.ndarray) -> float:
+    return float(np.mean(x)) if x.size else math.nan
+
+
 def key_aware_table(runs: pd.DataFrame) -> pd.DataFrame | None:
-    """Per configuration and example length n: mean ± std over seeds (of the mean over layers and heads),
-    the matched random heads' count, the smallest margin, and the share of heads with no alternative."""
+    """Per configuration and example length n: mean ± std over seeds (of the mean over the resolved layers and
+    heads; NaN when none is), the matched random heads' count, the smallest margin, the share of resolved heads
+    with no alternative and the share of unresolved heads (margin < UNRESOLVED_MARGIN, decided from the stored
+    margins, so files written before the threshold existed are judged the same way)."""
     rows = []
     for _, r in runs.iterrows():
         path = Path(r["_dir"]) / "identifiability" / "key_aware.json"
@@ -182,11 +203,17 @@ def key_aware_table(runs: pd.DataFrame) -> pd.DataFrame | None:
             continue
         ka = json.loads(path.read_text())
         for b, n in enumerate(ka["lengths"]):
+            ok = _resolved(ka["margin"][b]) if "margin" in ka else np.ones(np.size(ka["alternative_dim"][b]), bool)
+            alt = np.ravel(ka["alternative_dim"][b])[ok]
             row = {**{k: r[k] for k in GROUP}, "seed": r["seed"], "n": int(n),
-                   **{k: float(np.mean(ka[k][b])) for k in COUNTS},
-                   "identifiable_heads": float(np.mean(np.asarray(ka["alternative_dim"][b]) == 0))}
+                   **{k: _mean(np.ravel(ka[k][b])[ok]) for k in ("alternative_dim", "tangent_dim")},
+                   "key_agnostic_dim": float(np.mean(ka["key_agnostic_dim"][b])),
+                   "identifiable_heads": _mean(alt == 0), "unresolved_heads": float(np.mean(~ok))}
             if "random_alternative_dim" in ka:
-                row["random_alternative_dim"] = float(np.mean(ka["random_alternative_dim"][b]))
+                rok = (_resolved(ka["random_margin"][b]) if "random_margin" in ka
+                       else np.ones(np.size(ka["random_alternative_dim"][b]), bool))
+                row["random_alternative_dim"] = _mean(np.ravel(ka["random_alternative_dim"][b])[rok])
+                row["random_unresolved_heads"] = float(np.mean(~rok))
             if "margin" in ka:
                 m = [x for x in np.ravel(np.asarray(ka["margin"][b], dtype=object)) if x is not None]
                 row["margin_min"] = float(min(m)) if m else math.inf
@@ -198,6 +225,9 @@ def key_aware_table(runs: pd.DataFrame) -> pd.DataFrame | None:
     table = per_run.groupby(GROUP + ["n"])[values].agg(["mean", "std"])
     table.columns = [f"{c}_{stat}" for c, stat in table.columns]
     table["identifiable_heads"] = per_run.groupby(GROUP + ["n"])["identifiable_heads"].mean()
+    for c in ("unresolved_heads", "random_unresolved_heads"):
+        if c in per_run:
+            table[c] = per_run.groupby(GROUP + ["n"])[c].mean()
     if "margin_min" in per_run:
         table["margin_min"] = per_run.groupby(GROUP + ["n"])["margin_min"].min()
     table["runs"] = per_run.groupby(GROUP + ["n"]).size()
@@ -205,15 +235,19 @@ def key_aware_table(runs: pd.DataFrame) -> pd.DataFrame | None:
 
 
 def key_aware_lengths(table: pd.DataFrame) -> pd.DataFrame:
-    """Per configuration: the key-aware identifiable length, the longest tested n such that no head of
-    any run has an alternative at n or at any shorter tested length (0: one already at the shortest),
-    and the same for the matched random heads."""
+    """Per configuration: the key-aware identifiable length, the longest tested n such that every head of
+    every run is resolved and has no alternative at n and at every shorter tested length (0: not at the
+    shortest), the same for the matched random heads, and the tested lengths with unresolved heads."""
     rows = []
     for config, part in table.sort_values("n").groupby(GROUP, dropna=False):
         row = dict(zip(GROUP, config if isinstance(config, tuple) else (config,)))
-        row["identifiable_length"] = _longest_prefix(part["n"], part["identifiable_heads"] == 1.0)
+        unresolved = part["unresolved_heads"] > 0 if "unresolved_heads" in part else part["n"] < 0
+        row["identifiable_length"] = _longest_prefix(part["n"], (part["identifiable_heads"] == 1.0) & ~unresolved)
         if "random_alternative_dim_mean" in part:
-            row["random_identifiable_length"] = _longest_prefix(part["n"], part["random_alternative_dim_mean"] == 0)
+            r_unres = part["random_unresolved_heads"] > 0 if "random_unresolved_heads" in part else unresolved & False
+            row["random_identifiable_length"] = _longest_prefix(part["n"],
+                                                                (part["random_alternative_dim_mean"] == 0) & ~r_unres)
+        row["unresolved_lengths"] = ",".join(str(int(n)) for n in part["n"][unresolved])
         row["lengths_tested"] = ",".join(str(int(n)) for n in part["n"])
         rows.append(row)
     return pd.DataFrame(rows)

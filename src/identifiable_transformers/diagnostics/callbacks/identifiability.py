@@ -51,6 +51,10 @@ _LOGGED = {
     "effective_gap": "effective_gap",
     "sigma_ratio": "sigma_ratio",
     "attention_entropy": "entropy",
+    "eps_tv_1e-3": "eps_tv_1e-3",
+    "eps_tv_1e-2": "eps_tv_1e-2",
+    "eps_tv_bound_1e-3": "eps_tv_bound_1e-3",
+    "eps_tv_bound_1e-2": "eps_tv_bound_1e-2",
 }
 
 

@@ -73,24 +73,29 @@ def key_aware_batch(rows: Sequence[dict[str, Any]], cut: Sequence[int], pad_id: 
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def key_aware_metrics(model: torch.nn.Module, batch: dict[str, torch.Tensor], device=None) -> tuple[dict[str, float], dict]:
+def key_aware_metrics(model: torch.nn.Module, batch: dict[str, torch.Tensor],
+                      device=None) -> tuple[dict[str, float], dict]:
     """Logged means and a JSON-able record of the key-aware count on ``batch``.
 
-    ``val/ident/key_aware_alternative_dim``: mean over examples and heads of the alternatives the
-    head can generate; ``key_agnostic_alternative_dim``: the same mean of n (n - rank[T, 1]);
-    ``key_aware_identifiable_frac``: share of (example, head) pairs with no generatable
-    alternative; ``key_aware_length_max``: the longest probe; ``key_aware_compute_s``.
+    ``val/ident/key_aware_alternative_dim``: mean over the *resolved* (example, head) pairs (margin >=
+    ``UNRESOLVED_MARGIN``) of the alternatives the head can generate (NaN when none is resolved);
+    ``key_aware_identifiable_frac``: share of resolved pairs with no generatable alternative;
+    ``key_aware_unresolved_frac``: share of pairs whose count float64 cannot decide (left out of both);
+    ``key_agnostic_alternative_dim``: the mean over all pairs of n (n - rank[T, 1]);
+    ``key_aware_length_max``: the longest probe; ``key_aware_compute_s``.
     """
     t0 = time.perf_counter()
     ids, mask = batch["input_ids"], batch["attention_mask"]
     if device is not None:
         ids, mask = ids.to(device), mask.to(device)
     res = key_aware_alternative_dims(model, ids, mask)
-    alt, agn = res["alternative_dim"].double(), res["key_agnostic_dim"].double()
+    alt, agn, ok = res["alternative_dim"][res["resolved"]].double(), res["key_agnostic_dim"].double(), res["resolved"]
+    nan = float("nan")
     metrics = {
-        f"{PREFIX}/key_aware_alternative_dim": float(alt.mean()),
+        f"{PREFIX}/key_aware_alternative_dim": float(alt.mean()) if alt.numel() else nan,
         f"{PREFIX}/key_agnostic_alternative_dim": float(agn.mean()),
-        f"{PREFIX}/key_aware_identifiable_frac": float((res["alternative_dim"] == 0).double().mean()),
+        f"{PREFIX}/key_aware_identifiable_frac": float((alt == 0).double().mean()) if alt.numel() else nan,
+        f"{PREFIX}/key_aware_unresolved_frac": float((~ok).double().mean()),
         f"{PREFIX}/key_aware_length_max": float(res["lengths"].max()),
         f"{PREFIX}/key_aware_compute_s": time.perf_counter() - t0,
     }
@@ -98,6 +103,7 @@ def key_aware_metrics(model: torch.nn.Module, batch: dict[str, torch.Tensor], de
         "lengths": res["lengths"].tolist(),
         **{k: res[k].tolist() for k in ("alternative_dim", "key_agnostic_dim", "tangent_dim", "output_rank")},
         "margin": res["margin"],
+        "resolved": res["resolved"].tolist(),
         "method": res["method"],
     }
     return metrics, record

@@ -13,7 +13,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .epsilon import epsilon_tv_metrics
 from .nullspace import _EPS, _F64, HEAD_METRICS, _joint_null_dims, analyse_heads
+
+# Per-head epsilon-identifiability (docs/identifiability.md 2.6), [B, L, H] beside HEAD_METRICS.
+EPS_METRICS = ("eps_tv_1e-3", "eps_tv_1e-2", "eps_tv_bound_1e-3", "eps_tv_bound_1e-2")
 
 
 def value_output_matrices(internals: Sequence[Any], device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
@@ -61,7 +65,7 @@ def identifiability_from_internals(
     d = T_all.shape[-1]
     out: dict[str, Any] = {
         k: torch.zeros(B, L, H, dtype=torch.long if k.endswith(("null_dim", "rank")) else _F64, device=dev)
-        for k in (*HEAD_METRICS, "rank", "stochastic_rank", "tol", "stochastic_tol", "witness_rel_error")
+        for k in (*HEAD_METRICS, *EPS_METRICS, "rank", "stochastic_rank", "tol", "stochastic_tol", "witness_rel_error")
     }
     out["joint_null_dim"] = torch.zeros(B, L, dtype=torch.long, device=dev)
     out["joint_stochastic_null_dim"] = torch.zeros(B, L, dtype=torch.long, device=dev)
@@ -72,6 +76,7 @@ def identifiability_from_internals(
         A = A_all[idx][..., :n, :n]  # (k, L, H, n, n)
         T = T_all[idx][..., :n, :]  # (k, L, H, n, d)
         res = analyse_heads(A, T, return_maps=return_maps)
+        res.update(epsilon_tv_metrics(A, T, res["alt_attention_tv"]))
         for key in out:
             if key in res:
                 out[key][idx] = res[key].to(out[key].dtype)
@@ -119,7 +124,7 @@ def attention_identifiability(
     Runs ``model.attention_internals`` in eval mode without gradients (the previous training
     mode is restored). ``attention_mask`` [B, T] marks real tokens (a prefix of each row); the
     default is ``input_ids != model.pad_id``. Returns a dict of [B, L, H] tensors
-    (``HEAD_METRICS`` plus ``rank``, ``stochastic_rank``, ``tol``, ``stochastic_tol``,
+    (``HEAD_METRICS``, ``EPS_METRICS`` (2.6) plus ``rank``, ``stochastic_rank``, ``tol``, ``stochastic_tol``,
     ``witness_rel_error``), [B, L] layer-level ``joint_null_dim`` / ``joint_stochastic_null_dim``,
     ``lengths`` [B], ``rtol`` [B] (tol = sigma_max * rtol) and, with ``return_maps``, ``maps``: per
     example a dict of [L, H, n, n] raw / effective / alternative attention maps. The attention runs where the

@@ -26,9 +26,11 @@ Every rank is numerical, in float64, with the tolerance rule of the other ranks
 generic inputs. The key system is the only large matrix. Its rank is decided by a direct SVD
 when its smaller side is at most ``_DIRECT_SVD_MAX``; otherwise by a certificate (a Cholesky
 factorisation of its Gram matrix, shifted by a rounding-error bound, proves every singular value
-above the tolerance: full rank), and by an SVD of its R factor when the certificate fails.
-``margin`` reports how far the closest rank decision sat from its tolerance (a ratio >= 1; near
-1 the count depends on float64 resolution and should not be trusted).
+above the tolerance: full rank); when the certificate fails, by its R factor: full rank when
+sigma_min(R) >= 1 / ||R^-1||_F clears the tolerance (``qr+inv``), else an SVD of R (``qr+svd``).
+``margin`` reports how far the closest rank decision sat from its tolerance (a ratio >= 1), over every
+decision the count depends on (ranks of Q, [K, 1], [T, 1], each row's, the key system). Below
+``UNRESOLVED_MARGIN`` the count depends on float64 resolution and is reported as unresolved.
 """
 
 from __future__ import annotations
@@ -48,6 +50,15 @@ _EPS = torch.finfo(_F64).eps
 # (bench/bench_key_aware.py --crossover, and warm in one process): the structured count is as fast or faster
 # at every size down to n = 3, and a fresh process pays about 1 s to start torch.func, so "auto" never takes it.
 DENSE_MAX_ELEMENTS = 0
+# A count whose margin (the closest of its rank decisions to its tolerance, as a ratio) is below this is
+# *unresolved*: float64 cannot tell it from a neighbouring count. Calibrated against exact arithmetic
+# (tests/diagnostics/test_key_aware_margins.py: mpmath at 100 digits on random d_k = 1-2 heads, n = 12-32,
+# peaked to near-uniform attention): every float64 count that differed from the exact one had a margin of
+# at most 4.3 (the geometric decay rate of the key system's smallest singular values through the
+# tolerance). It cannot be set much higher: an exact zero of a small matrix leaves rounding noise only
+# 10-100 times below the tolerance (sigma_max max(rows, cols) eps), so correct counts of short heads have
+# margins of 30-200 (tests/diagnostics/test_diagnostics_callback.py's tiny model).
+UNRESOLVED_MARGIN = 10.0
 # Key systems whose smaller side is at most this are ranked by a direct SVD.
 _DIRECT_SVD_MAX = 1536
 # Rows of B (n x n x d each) handled per batched SVD, to bound memory.
@@ -117,9 +128,35 @@ def _key_system_rank(Z: Tensor, qn: Tensor, live: Tensor) -> dict[str, Any]:
     E = _stack_rows(Z, qn, live)
     R = torch.linalg.qr(E if rows >= cols else E.T, mode="r").R  # same singular values as E
     del E
+    bound = _inverse_bound(R, rows, cols)
+    if bound is not None:
+        return {"rank": min(rows, cols), **bound, "how": "qr+inv", "shape": [rows, cols]}
     s = torch.linalg.svdvals(R)
     rank, tol, margin = _svd_rank(s, rows, cols)
     return {"rank": int(rank), "tol": float(tol), "margin": float(margin), "how": "qr+svd", "shape": [rows, cols]}
+
+
+def _inverse_bound(R: Tensor, rows: int, cols: int) -> dict[str, float] | None:
+    """Full rank from the R factor without its SVD, or None: sigma_min(R) >= 1 / ||R^-1||_F.
+
+    R [k, k] is triangular, so its inverse costs k^3 / 3 (an SVD about 10 k^3). The tolerance uses
+    ||R||_F >= sigma_max, so it is never below the SVD path's; the bound loses at most sqrt(k) against the
+    true sigma_min, and the computed inverse is accurate to about k eps kappa(R) (relative), far below
+    that factor wherever this path decides. Margin: the bound over the tolerance (a lower bound on it).
+    """
+    k = R.shape[0]
+    if k == 0 or not bool(torch.isfinite(R).all()) or float(R.diagonal().abs().min()) == 0.0:
+        return None
+    tol = float(torch.linalg.matrix_norm(R)) * max(rows, cols) * _EPS
+    Rinv = torch.linalg.solve_triangular(R, torch.eye(k, dtype=R.dtype), upper=True)
+    inv_norm = float(torch.linalg.matrix_norm(Rinv))
+    del Rinv
+    if not math.isfinite(inv_norm) or inv_norm == 0.0:
+        return None
+    lower = 1.0 / inv_norm
+    if lower > 2.0 * tol:
+        return {"tol": tol, "margin": lower / tol}
+    return None
 
 
 def _stack_rows(Z: Tensor, qn: Tensor, live: Tensor) -> Tensor:
@@ -160,8 +197,12 @@ def _certify_full_rank(Z: Tensor, qn: Tensor, live: Tensor, rows: int, cols: int
     """
     G = _gram(Z, qn, live, rows, cols)
     dim = G.shape[0]
+    n, p, m = Z.shape
     trace = float(rows)  # unit rows
-    err = 2.0 * (max(rows, cols) + dim + 2) * _EPS * trace
+    # Each entry of G sums at most `terms` rounded products (tall: m per Z_i Z_i^T, then over the n rows in
+    # chunks; wide: p and r per factor), so |fl(G) - G| <= gamma_terms |E|^T |E|, of 2-norm <= trace.
+    terms = n + m + 2 if rows >= cols else p + qn.shape[1] + 2
+    err = 2.0 * (terms + dim + 2) * _EPS * trace
     # sigma_max(E)^2 = lambda_max(G); power steps approach it from below, so pad generously.
     gen = torch.Generator().manual_seed(0)
     v = torch.randn(dim, dtype=G.dtype, generator=gen)
@@ -228,7 +269,9 @@ def generatable_alternative_dim(
     1 / sqrt(d_k). Returns ``tangent_dim`` = rank(J), ``output_rank`` = rank(L J),
     ``alternative_dim`` = their difference, ``key_agnostic_dim`` = n (n - rank[T, 1]) (the
     row-stochastic alternatives of any kind, 2.2), plus ``method`` ("dense" or "structured"),
-    ``tol`` (the tolerance of the deciding rank) and ``margin`` (see the module docstring).
+    ``tol`` (the tolerance of the deciding rank), ``margin`` (the smallest over every rank decision the
+    count depends on, see the module docstring; structured: ``margins`` per decision) and ``resolved``
+    (margin >= ``UNRESOLVED_MARGIN``; an unresolved count is not a property of the head).
     ``method="auto"`` takes the dense path where J has at most ``DENSE_MAX_ELEMENTS`` entries.
     """
     Q, K, T = Q.detach().to("cpu", _F64), K.detach().to("cpu", _F64), T.detach().to("cpu", _F64)
@@ -251,6 +294,7 @@ def generatable_alternative_dim(
     else:
         res = _structured(Q * scale, K, A, T)
     res["key_agnostic_dim"] = key_agnostic
+    res["resolved"] = bool(res["margin"] >= UNRESOLVED_MARGIN)
     return res
 
 
@@ -281,19 +325,22 @@ def _dense(Q: Tensor, K: Tensor, T: Tensor, scale: float) -> dict[str, Any]:
 def _structured(Q: Tensor, K: Tensor, A: Tensor, T: Tensor) -> dict[str, Any]:
     """The structured count (module docstring). Q already carries the logit scale."""
     n = Q.shape[0]
-    margins = []
-    # Queries: the row space of Q; coordinates q'_i = Q V_r, then unit rows (zero rows drop out).
-    _, sq, Vq = torch.linalg.svd(Q, full_matrices=False)
+    margins: dict[str, float] = {}  # every rank decision the count depends on -> its margin
+    # Queries: the row space of Q; coordinates q'_i = Q V_r S_r^-1 (= U_r: an invertible rescaling of the
+    # columns of the key system, which leaves its rank unchanged and its conditioning independent of Q's),
+    # then unit rows (zero rows drop out).
+    Uq, sq, _ = torch.linalg.svd(Q, full_matrices=False)
     r_q, tol_q, m_q = _svd_rank(sq, *Q.shape)
     r_q = int(r_q)
-    margins.append(float(m_q))
-    qc = Q @ Vq[:r_q].T  # (n, r_Q)
+    margins["rank_q"] = float(m_q)
+    qc = Uq[:, :r_q] * sq[:r_q]  # Q V_r
     qnorm = qc.norm(dim=1)
     live_q = qnorm > float(tol_q)
-    qn = torch.where(live_q[:, None], qc / qnorm.clamp_min(1e-300)[:, None], torch.zeros_like(qc))
+    qw = Uq[:, :r_q]
+    qn = torch.where(live_q[:, None], qw / qw.norm(dim=1).clamp_min(1e-300)[:, None], torch.zeros_like(qw))
     # Keys with the ones column: col([K, 1]) = span(1) + col(Ckc), complement Nk [n, p].
     Ckc, Nk, r_k, m_k = _split_ones(K)
-    margins.append(m_k)
+    margins["rank_k1"] = m_k
     Nk = _group_constant(Nk, Ckc, Q, K, T)
     tangent = n * r_q + n * r_k - r_q * r_k - n
 
@@ -301,12 +348,16 @@ def _structured(Q: Tensor, K: Tensor, A: Tensor, T: Tensor) -> dict[str, Any]:
     # 1^T P_i = 0), g_i = rank(C_K^T U_i) output directions, and Z_i: the rest of col(B_i),
     # orthogonal to [K, 1], expressed in the complement basis Nk (Z'_i = Nk^T Z_i).
     # Values: P_i 1 = 0, so only col(T) orthogonal to 1 matters; there B_i = diag(a_i)(Tc - 1 abar_i^T)
-    # has rank exactly dim(Tc) (1 is not in col(Tc) and a_i > 0): no rank decision is needed.
-    Tc, _, _, _ = _split_ones(T)
+    # has rank exactly dim(Tc) (1 is not in col(Tc) and a_i > 0). dim(Tc) = rank([T, 1]) - 1 is a rank
+    # decision like the others (issue 34): its margin is reported, because Tc is an orthonormal basis, which
+    # blows a direction of T just above the tolerance up to unit size.
+    Tc, _, _, m_t = _split_ones(T)
+    margins["rank_t1"] = m_t
     T = Tc
     AT = A @ T  # (n, d)
     d = T.shape[1]
     g_sum = 0
+    m_rows, m_g = math.inf, math.inf
     Zs, lives = [], []
     for lo in range(0, n, _ROW_CHUNK):
         a = A[lo : lo + _ROW_CHUNK]  # (c, n)
@@ -314,26 +365,29 @@ def _structured(Q: Tensor, K: Tensor, A: Tensor, T: Tensor) -> dict[str, Any]:
         B = a[:, :, None] * (T[None] - AT[lo : lo + _ROW_CHUNK, None, :])  # (c, n, d)
         U, s, _ = torch.linalg.svd(B, full_matrices=False)  # U (c, n, d): d <= n - 1 columns, all of rank
         if d:  # how far the smallest (structurally nonzero) singular value sits above the tolerance
-            margins.append(float((s[:, -1] / (s[:, 0] * max(n, d) * _EPS)).min()))
+            m_rows = min(m_rows, float((s[:, -1] / (s[:, 0] * max(n, d) * _EPS)).min()))
         # g_i = rank(C_Kc^T U_i) (U_i is orthogonal to 1); its null vectors span Z_i
         _, sm, Vh = torch.linalg.svd(Ckc.T[None].expand(c, -1, -1) @ U, full_matrices=True)  # Vh (c, d, d)
-        g, _, m_g = _svd_rank(sm, Ckc.shape[1], d)
-        margins.append(float(m_g.min()))
+        g, _, mg = _svd_rank(sm, Ckc.shape[1], d)
+        m_g = min(m_g, float(mg.min()))
         g_sum += int(g.sum())
         null = torch.arange(d)[None] >= g[:, None]  # (c, d) right singular vectors spanning the null space
         null &= live_q[lo : lo + _ROW_CHUNK, None]  # a zero query gives no equation
         Z = U @ (Vh.transpose(1, 2) * null[:, None, :].to(_F64))  # (c, n, d), orthonormal live columns
         Zs.append(Nk.T[None] @ Z)  # (c, p, k)
         lives.append(null)
+    margins["rows_b"], margins["rows_g"] = m_rows, m_g
     key = _key_system_rank(torch.cat(Zs), qn, torch.cat(lives))
-    margins.append(key["margin"])
+    margins["key_system"] = key["margin"]
     output_rank = g_sum + key["rank"]
+    margin = min(margins.values())
     return {
         "tangent_dim": tangent,
         "output_rank": output_rank,
         "alternative_dim": tangent - output_rank,
         "method": "structured",
         "tol": key["tol"],
-        "margin": min(margins),
+        "margin": margin,
+        "margins": margins,
         "key_system": {k: key[k] for k in ("shape", "how", "rank")},
     }

@@ -57,19 +57,22 @@ def key_aware_alternative_dims(
     """``generatable_alternative_dim`` for every example, layer and head of a TransformerClassifier.
 
     Everything is restricted to each example's real tokens. Returns [B, L, H] long tensors
-    ``alternative_dim``, ``key_agnostic_dim``, ``tangent_dim``, ``output_rank``, ``lengths`` [B], and
-    nested lists [B][L][H] ``margin`` (None for inf) and ``method``.
+    ``alternative_dim``, ``key_agnostic_dim``, ``tangent_dim``, ``output_rank``, a [B, L, H] bool tensor
+    ``resolved`` (margin >= UNRESOLVED_MARGIN), ``lengths`` [B], and nested lists [B][L][H] ``margin``
+    (None for inf) and ``method``.
     """
     heads = head_inputs(model, input_ids, attention_mask)
     B, L, H = heads["shape"]
     keys = ("alternative_dim", "key_agnostic_dim", "tangent_dim", "output_rank")
     out: dict[str, Any] = {k: torch.zeros(B, L, H, dtype=torch.long) for k in keys}
+    out["resolved"] = torch.zeros(B, L, H, dtype=torch.bool)
     margins = [[[None] * H for _ in range(L)] for _ in range(B)]
     methods = [[[None] * H for _ in range(L)] for _ in range(B)]
     for b, l, h, Q, K, T in head_systems(heads):
         res = generatable_alternative_dim(Q, K, T, method=method)
         for key in keys:
             out[key][b, l, h] = res[key]
+        out["resolved"][b, l, h] = res["resolved"]
         margins[b][l][h] = res["margin"] if math.isfinite(res["margin"]) else None
         methods[b][l][h] = res["method"]
     out.update(lengths=heads["lengths"], margin=margins, method=methods)

@@ -46,6 +46,26 @@ def _texts_from_cfg(cfg: DictConfig) -> list[str] | None:
     return [str(t) for t in texts]
 
 
+def _check_num_examples(cfg: DictConfig) -> None:
+    """Split mode draws ``num_examples`` examples: a positive int, checked before the checkpoint is read."""
+    if cfg.get("split") is None:
+        return
+    n = cfg.get("num_examples")
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise ValueError(f"num_examples={n!r} is not an int: pass e.g. num_examples=8")
+    if n < 1:
+        raise ValueError(f"num_examples={n} must be >= 1: pass e.g. num_examples=8")
+
+
+def _check_encoded(texts: list[str], lengths: list[int]) -> None:
+    """A text whose every character the tokenizer's normaliser removes (``<br />``) leaves only ``<cls>``."""
+    empty = [i for i, n in enumerate(lengths) if n < 2]
+    if empty:
+        shown = f"{empty}: " + ", ".join(repr(texts[i]) for i in empty[:3]) + (", ..." if len(empty) > 3 else "")
+        raise ValueError(f"text has no token left after the tokenizer's normalisation (entries {shown}): pass a "
+                         "text with words in it")
+
+
 def _split_batch(cfg: DictConfig, module):
     """Rebuild the datamodule from the checkpoint's data settings and draw stratified examples.
 
@@ -87,9 +107,10 @@ def main(cfg: DictConfig) -> str:
 
     ckpt = Path(str(cfg.ckpt_path)).expanduser()
     if not ckpt.is_file():
-        raise FileNotFoundError(f"ckpt_path={str(cfg.ckpt_path)!r} is not a file: pass a checkpoint written by train.py "
-                                "(e.g. logs/train/runs/<time>/checkpoints/last.ckpt)")
+        raise FileNotFoundError(f"ckpt_path={str(cfg.ckpt_path)!r} is not a file: pass a checkpoint written by "
+                                "train.py (e.g. logs/train/runs/<time>/checkpoints/last.ckpt)")
     texts = _texts_from_cfg(cfg)
+    _check_num_examples(cfg)
     if cfg.get("output_dir"):  # before any work: a file in the way would fail only once the report is drawn
         ensure_output_dir(cfg.output_dir, "output_dir")
     module = TextClassifier.load_from_checkpoint(str(ckpt), map_location="cpu")
@@ -103,6 +124,7 @@ def main(cfg: DictConfig) -> str:
         data_cfg = module.hparams.get("data_cfg") or {}
         max_length = int(cfg.max_length or min(data_cfg.get("max_length", model.max_len), model.max_len))
         batch = encode_texts(tokenizer, texts, max_length)
+        _check_encoded(texts, batch["attention_mask"].sum(1).tolist())
         meta = {"checkpoint": str(ckpt), "max_length": max_length}
         rationales = None
     else:

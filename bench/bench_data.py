@@ -74,7 +74,8 @@ def main() -> None:
     t = time.perf_counter()
     docs, labels = make_corpus(args.docs)
     nwords = sum(d.count(" ") for d in docs)
-    print(f"corpus: {len(docs):,} docs, mean {nwords / len(docs):.1f} words/doc (generated in {time.perf_counter() - t:.1f}s, not timed)")
+    print(f"corpus: {len(docs):,} docs, mean {nwords / len(docs):.1f} words/doc "
+          f"(generated in {time.perf_counter() - t:.1f}s, not timed)")
 
     with tempfile.TemporaryDirectory() as tmp:
         csv = Path(tmp) / "train.csv"

@@ -4,17 +4,22 @@ Measured side by side in one process, on the same CPU/GPU:
   * one training epoch: ~6.8k examples (Rotten Tomatoes train size), batch 64, dynamic padding,
     forward + backward + AdamW step, embed 64, 4 heads;
   * one diagnostics pass of IdentifiabilityCallback: 64 probe examples stratified over lengths
-    5-60 (the Rotten Tomatoes range), ``attention_identifiability`` with the maps;
-  * the callback's figures (null dims vs length + 3 heatmap figures), drawn synchronously, and
+    5-60 (the Rotten Tomatoes range), ``attention_identifiability`` (on ``--device``);
+  * the callback's figures (null dims vs length + 3 heatmap figures, their maps computed for those 3
+    examples, as the callback does), drawn synchronously, and
     drawn in the plot thread while a training epoch runs (the callback's default);
   * one pass of FaithfulnessCallback on the same probes: every cheap explainer, the random control's
     10 draws, the erasure metrics, tau with leave-one-out, the uniform-attention gap and the plausibility
     metrics against a synthetic rationale (a seeded 20% of each probe's real tokens, at least one);
   * its end-of-fit tier once (integrated gradients, adversarial attention on 8 probes).
-Lengths are synthetic (a clipped log-normal with the Rotten Tomatoes median ~22 tokens) so the
-benchmark needs no data download. Usage:
+Lengths are synthetic (a clipped log-normal with the Rotten Tomatoes median ~22 tokens, at most 60) so the
+benchmark needs no data download. The probe is drawn as the callback draws it: stratified by length up to
+``--max-length`` (doubling strata). ``--max-length 512 --median-length 230`` models IMDb at the paper's length;
+there the faithfulness pass is also timed on the probe's part up to 2d + 2 = 130 tokens (the callback's
+``max_length="2d+2"``: the 'faith130' columns). Usage:
 
     python bench/bench_diagnostics.py [--examples 6800] [--repeats 3] [--device cpu|cuda] [--no-final]
+                                      [--max-length 60] [--median-length 22] [--designs concat,add]
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch.nn.functional as F
 
 from identifiable_transformers.diagnostics import attention_identifiability
 from identifiable_transformers.diagnostics.callbacks.identifiability import _render, select_probe_indices
+from identifiable_transformers.diagnostics.callbacks.probes import doubling_strata
 from identifiable_transformers.diagnostics.faithfulness import (
     CHEAP_EXPLAINERS,
     adversarial_attention,
@@ -43,8 +49,9 @@ from identifiable_transformers.models import TransformerClassifier
 VOCAB = 20_000
 
 
-def _lengths(n: int, rng: np.random.Generator) -> np.ndarray:
-    return np.clip(np.round(rng.lognormal(np.log(22), 0.45, n)), 5, 60).astype(int)
+def _lengths(n: int, rng: np.random.Generator, median: float = 22, max_length: int = 60,
+             sigma: float = 0.45) -> np.ndarray:
+    return np.clip(np.round(rng.lognormal(np.log(median), sigma, n)), 5, max_length).astype(int)
 
 
 def _batch(lengths, rng, device):
@@ -88,10 +95,10 @@ def train_epoch(model, lengths, rng, device, batch_size=64) -> tuple[float, floa
 
 
 def diagnostics_pass(model, ids, mask) -> tuple[tuple[float, float], dict]:
-    """What the callback computes each epoch: the report with the maps of the plotted examples."""
+    """What the callback computes each epoch: the report (the maps of the drawn examples come with the plots)."""
     _sync(str(ids.device))
     with _Clock() as c:
-        rep = attention_identifiability(model, ids, mask, return_maps=True)
+        rep = attention_identifiability(model, ids, mask, device=ids.device)
     return (c.wall, c.cpu), rep
 
 
@@ -115,16 +122,22 @@ def faithfulness_final(model, ids, mask) -> tuple[float, float]:
     return c.wall, c.cpu
 
 
-def plot_job(model, rep, out_dir: Path) -> dict:
-    """The callback's render job: the null-dim plot and 3 heatmap figures (num_plot_examples=3)."""
+def plot_job(model, rep, out_dir: Path, ids, mask) -> dict:
+    """The callback's render job: the null-dim plot and 3 heatmap figures (num_plot_examples=3) of probes up to
+    2d + 2 tokens, spread over the upper three quarters of them; their maps are computed here, as the callback does."""
+    shown = int((rep["lengths"] <= 2 * model.embed_dim + 2).sum())
+    positions = sorted({int(round(q * (shown - 1))) for q in np.linspace(0.25, 1.0, 3)})
+    rows = torch.tensor(positions)
+    width = int(mask[rows].sum(1).max())
+    maps = attention_identifiability(model, ids[rows, :width], mask[rows, :width], return_maps=True, device=ids.device)
     examples = []
-    for pos in (16, 40, 63):
-        n = int(rep["lengths"][pos])
-        m = rep["maps"][pos]
+    for j, pos in enumerate(positions):
+        n = int(maps["lengths"][j])
+        m = maps["maps"][j]
         examples.append({"index": pos, "n": n, "tokens": [f"t{i}" for i in range(n)],
                          **{k: m[k].numpy() for k in ("attention", "effective", "alternative")},
-                         **{k: rep[k][pos].numpy() for k in ("alt_attention_tv", "witness_rel_error", "null_dim",
-                                                             "stochastic_null_dim")}})
+                         **{k: maps[k][j].numpy() for k in ("alt_attention_tv", "witness_rel_error", "null_dim",
+                                                            "stochastic_null_dim")}})
     return {"out": out_dir, "epoch": 0, "step": 0, "lengths": rep["lengths"].numpy(),
             "null_dim": rep["null_dim"].numpy(), "stochastic_null_dim": rep["stochastic_null_dim"].numpy(),
             "model": dict(embed_dim=model.embed_dim, num_heads=model.num_heads, value_dim=model.value_dim,
@@ -137,11 +150,17 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--no-final", action="store_true", help="skip the (slow) end-of-fit faithfulness tier")
+    p.add_argument("--max-length", type=int, default=60, help="longest example (tokens); the probe spans up to it")
+    p.add_argument("--median-length", type=float, default=22)
+    p.add_argument("--designs", default="concat,add")
     args = p.parse_args()
     rng = np.random.default_rng(0)
-    train_lengths = _lengths(args.examples, rng)
-    val_lengths = _lengths(2000, rng)
-    probe = select_probe_indices(val_lengths, 64, seed=0)
+    sigma = 0.45 if args.max_length <= 60 else 0.8  # IMDb-like lengths spread wider
+    train_lengths = _lengths(args.examples, rng, args.median_length, args.max_length, sigma)
+    val_lengths = _lengths(2000, rng, args.median_length, args.max_length, sigma)
+    probe = select_probe_indices(val_lengths, 64, seed=0, max_length=args.max_length,
+                                 strata=doubling_strata(args.max_length))
+    short = int((val_lengths[probe] <= 130).sum())  # the probe is sorted by length: its first `short` examples
     ids, mask = _batch(val_lengths[probe], rng, args.device)
     ids[:, 0] = 2  # <cls> first, as the data module writes it
     labels = torch.randint(0, 2, (ids.shape[0],), device=args.device)
@@ -155,8 +174,12 @@ def main() -> None:
           "training epoch that runs while the plot thread draws them (the callback's default)")
     print("'faith' = FaithfulnessCallback's per-epoch pass (cheap explainers, 10 random draws, metrics, plausibility); "
           "'final' = its end-of-fit tier (once per fit)")
+    long = short < len(probe)
+    if long:
+        print(f"'faith130' = the faithfulness pass on the {short} probes of at most 130 tokens (max_length=\"2d+2\")")
     print(f"{'heads':<8}{'epoch':>15}{'diagnostics':>15}{'plots':>15}{'async':>8}{'diag/epoch':>12}"
-          f"{'diag+async':>12}{'diag+plots':>12}{'faith':>15}{'faith/epoch':>12}{'final':>15}{'final/epoch':>12}")
+          f"{'diag+async':>12}{'diag+plots':>12}{'faith':>15}{'faith/epoch':>12}{'final':>15}{'final/epoch':>12}"
+          + (f"{'faith130':>15}{'faith130/epoch':>15}" if long else ""))
 
     def med(f):
         runs = [f() for _ in range(args.repeats)]
@@ -166,7 +189,8 @@ def main() -> None:
         return f"{x[0]:.2f} ({x[1]:.2f})"
 
     pool = ThreadPoolExecutor(max_workers=1)
-    for combine in ("concat", "add"):
+
+    def one(combine: str) -> str:  # a function, so the timed lambdas bind this design's model
         torch.manual_seed(0)
         model = TransformerClassifier(VOCAB, 2, embed_dim=64, num_heads=4, head_combine=combine).to(args.device)
         train_epoch(model, train_lengths[:640], rng, args.device)  # warm-up
@@ -177,12 +201,12 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             def sync_plots():
                 with _Clock() as c:
-                    _render(plot_job(model, rep, Path(tmp)))
+                    _render(plot_job(model, rep, Path(tmp), ids, mask))
                 return c.wall, c.cpu
 
             def epoch_with_async_plots():
                 with _Clock() as c:
-                    fut = pool.submit(_render, plot_job(model, rep, Path(tmp)))
+                    fut = pool.submit(_render, plot_job(model, rep, Path(tmp), ids, mask))
                     train_epoch(model, train_lengths, rng, args.device)
                     fut.result()
                 return c.wall, c.cpu
@@ -193,9 +217,18 @@ def main() -> None:
         faith = med(lambda: faithfulness_pass(model, ids, mask, labels, rationale))
         final = (math.nan, math.nan) if args.no_final else med(lambda: faithfulness_final(model, ids, mask))
         r = lambda x: f"{x / epoch[0]:.1%}"  # noqa: E731
-        print(f"{combine:<8}{fmt(epoch):>15}{fmt(diag):>15}{fmt(plots):>15}{async_extra:8.2f}{r(diag[0]):>12}"
-              f"{r(diag[0] + max(async_extra, 0.0)):>12}{r(diag[0] + plots[0]):>12}{fmt(faith):>15}"
-              f"{r(faith[0]):>12}{fmt(final):>15}{r(final[0]):>12}")
+        line = (f"{combine:<8}{fmt(epoch):>15}{fmt(diag):>15}{fmt(plots):>15}{async_extra:8.2f}{r(diag[0]):>12}"
+                f"{r(diag[0] + max(async_extra, 0.0)):>12}{r(diag[0] + plots[0]):>12}{fmt(faith):>15}"
+                f"{r(faith[0]):>12}{fmt(final):>15}{r(final[0]):>12}")
+        if long:
+            width = int(mask[:short].sum(1).max())
+            sub = (ids[:short, :width], mask[:short, :width], labels[:short], rationale[:short, :width])
+            faith130 = med(lambda: faithfulness_pass(model, *sub))
+            line += f"{fmt(faith130):>15}{r(faith130[0]):>15}"
+        return line
+
+    for combine in args.designs.split(","):
+        print(one(combine))
 
 
 if __name__ == "__main__":

@@ -87,8 +87,8 @@ def build(name: str, vocab: int, classes: int) -> nn.Module:
 
 def pad512(batch: dict) -> dict:
     extra = 512 - batch["input_ids"].shape[1]
-    return {"input_ids": F.pad(batch["input_ids"], (0, extra)), "attention_mask": F.pad(batch["attention_mask"], (0, extra)),
-            "labels": batch["labels"]}
+    return {"input_ids": F.pad(batch["input_ids"], (0, extra)),
+            "attention_mask": F.pad(batch["attention_mask"], (0, extra)), "labels": batch["labels"]}
 
 
 def epoch(name: str, dm: TextDataModule) -> dict:

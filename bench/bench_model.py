@@ -19,9 +19,10 @@ FLOPs are counted analytically on the *padded* shapes that are actually executed
 Q/K/V projections, QK^T, AV, output projection, FFN, classifier head; x3 for forward + backward).
 
 Peak memory: each candidate is re-run in a fresh subprocess; we report the growth of the process's
-peak resident set size (VmHWM from /proc/self/status; ru_maxrss is inherited across exec) from just before the first training step to after the
-last one. That includes activations, gradients, Adam state and allocator workspace, for the longest
-batch in the set (glibc returns large blocks to the OS, so this tracks the tensor peak closely).
+peak resident set size (VmHWM from /proc/self/status; ru_maxrss is inherited across exec) from just
+before the first training step to after the last one. That includes activations, gradients, Adam state
+and allocator workspace, for the longest batch in the set (glibc returns large blocks to the OS, so this
+tracks the tensor peak closely).
 
     /tmp/venv/bin/python bench/bench_model.py            # full run, a few minutes on 2 cores
     /tmp/venv/bin/python bench/bench_model.py --quick    # tiny smoke run
@@ -329,8 +330,8 @@ def main() -> None:
               f"{st['flops'] / len(st['batches']) / 1e9:>11.2f}{med(st['flop_s']) / 1e9:>9.1f}{mtxt:>18}")
     if mem:
         st_mb = {n: v["state_mb"] for n, v in mem.items()}
-        print(f"(peak dRSS includes grads + Adam state, analytically {min(st_mb.values()):.0f}-{max(st_mb.values()):.0f} MB "
-              "for these models, mostly the embedding table)")
+        print(f"(peak dRSS includes grads + Adam state, analytically "
+              f"{min(st_mb.values()):.0f}-{max(st_mb.values()):.0f} MB for these models, mostly the embedding table)")
 
     def paired(a: str, b: str, key: str) -> float:
         return med([x / y for x, y in zip(state[a][key], state[b][key])])
@@ -350,10 +351,10 @@ def main() -> None:
     print(f"  {n_add} / {n_concat}       real tok/s : {r_tok_add:.3f}   (add does more work by design)")
     print(f"  dynamic / pad{s.fixed_pad}  real tok/s : concat {r_pad_c:.2f}x, add {r_pad_a:.2f}x")
     print()
-    print(f"{'PASS' if r_eq >= 0.9 else 'FAIL'}: concat (key_dim={eq}, equal shapes) >= 0.9x torch.nn.TransformerEncoderLayer "
-          f"throughput: {r_eq:.3f}")
-    print(f"{'PASS' if r_flop >= 0.9 else 'FAIL'}: add reaches >= 90% of concat's FLOP throughput (key_dim={s.key_dim}): "
-          f"{100 * r_flop:.1f}%")
+    print(f"{'PASS' if r_eq >= 0.9 else 'FAIL'}: concat (key_dim={eq}, equal shapes) >= 0.9x "
+          f"torch.nn.TransformerEncoderLayer throughput: {r_eq:.3f}")
+    print(f"{'PASS' if r_flop >= 0.9 else 'FAIL'}: add reaches >= 90% of concat's FLOP throughput "
+          f"(key_dim={s.key_dim}): {100 * r_flop:.1f}%")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ a step's FLOP/s (matmul FLOPs counted analytically: projections, QK^T, AV, outpu
 head; x3 for forward + backward) is reported as a share of it.
 
     python bench/bench_step.py                       # about 2 minutes on 2 idle cores
-    python bench/bench_step.py --compile             # also the torch.compile candidates (about 4 minutes, plus 1-3 to compile the first time)
+    python bench/bench_step.py --compile             # also the torch.compile candidates (about 4 minutes,
+                                                     # plus 1-3 to compile the first time)
     python bench/bench_step.py --profile             # torch.profiler table of one step per candidate
     python bench/bench_step.py --quick               # tiny smoke run
 """

@@ -7,6 +7,8 @@ The test suite runs on CPU only (CI has no GPU), so this script is what checks t
   forward and input gradient, against the same layer's weights run as a float64 per-head loop on the CPU
   (relative error ||out - ref|| / ||ref||: fp32 paths must be under 1e-4, bf16 under 3e-2);
 - with dropout, the rate of dropped weights on CUDA (``keep_mask``'s random bits) against p;
+- the training dropout inside torch's fused attention (the CUDA path without weights): padded keys at 0, kept
+  weights scaled by 1 / (1 - p), the rate p;
 - the training step (forward + backward + AdamW) of ``TransformerClassifier`` at batch 64 x 256 tokens,
   fp32 and bf16 autocast, CUDA events, median of 20 after warm-up (informative; no target).
 
@@ -23,6 +25,7 @@ import sys
 import torch
 
 from identifiable_transformers.models import MultiHeadSelfAttention, TransformerClassifier, attention
+from identifiable_transformers.models import dropout as dropout_module
 
 DEVICE = torch.device("cuda")  # --cpu: the CPU
 
@@ -79,9 +82,9 @@ def check_paths(results: list) -> None:
                 err = max(rel(out.float(), ref), rel(g, ref_grad))
                 results.append((f"{combine} dk={gpu.key_dim} {name} {str(dtype)[6:]}", err, tol))
         # torch's F.dropout (small tensors) and keep_mask's random bits (on CPU these sizes take the chunks instead)
-        default_min = attention.KEEP_MASK_MIN_NUMEL
+        default_min = dropout_module.KEEP_MASK_MIN_NUMEL
         for small in (True, False) if DEVICE.type == "cuda" else (True,):
-            attention.KEEP_MASK_MIN_NUMEL = default_min if small else 0
+            dropout_module.KEEP_MASK_MIN_NUMEL = default_min if small else 0
             gpu.train()
             out, keep, scale = _forward_with_keep(gpu, xg, mask.to(DEVICE))
             dropped = ~keep.cpu()
@@ -91,7 +94,43 @@ def check_paths(results: list) -> None:
             real = (mask[:, None, :, None] & mask[:, None, None, :]).expand_as(dropped)
             rate = float(dropped[real].float().mean())
             results.append((f"{label} rate {rate:.4f} vs 0.1", abs(rate - 0.1), 0.01))
-        attention.KEEP_MASK_MIN_NUMEL = default_min
+        dropout_module.KEEP_MASK_MIN_NUMEL = default_min
+
+
+def check_fused_dropout(results: list) -> None:
+    """The training dropout inside torch's fused attention (CUDA; forced on the CPU with --cpu): one head whose
+    projections are the identity, inputs x_j = s_j e_j, so that output row i / s is the dropped attention row i.
+    Padded keys must stay at 0, a kept weight must be the softmax weight / (1 - p), and the rate must be p."""
+    t, p = 32, 0.25
+    attn = MultiHeadSelfAttention(t, 1, key_dim=t, value_dim=t, dropout=p).train()
+    with torch.no_grad():
+        for lin in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj):
+            lin.weight.copy_(torch.eye(t))
+            lin.bias.zero_()
+    attn = attn.to(DEVICE)
+    torch.manual_seed(0)
+    scales = torch.rand(256, t) + 0.5
+    x = torch.diag_embed(scales)
+    mask = torch.arange(t)[None] < torch.tensor([32, 20] * 128)[:, None]
+    logits = (x.double() @ x.double().transpose(1, 2) / math.sqrt(t)).masked_fill(~mask[:, None], -math.inf)
+    expected = torch.softmax(logits, -1)
+    real = mask[:, None, :].expand(-1, t, -1)
+    devices = attention.SDPA_DROPOUT_DEVICES
+    attention.SDPA_DROPOUT_DEVICES = (DEVICE.type,)
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+                out, _ = attn(x.to(DEVICE), mask.to(DEVICE))
+            w = out.detach().double().cpu() / scales[:, None, :].double()
+            name = f"fused dropout {str(dtype)[6:]}"
+            results.append((f"{name} padded keys", float(w[~real].abs().max()), 0.0))
+            kept = w[real] != 0
+            results.append((f"{name} kept = w / (1 - p)", rel(w[real][kept], expected[real][kept] / (1 - p)),
+                            1e-4 if dtype == torch.float32 else 3e-2))
+            rate = 1 - float(kept.double().mean())
+            results.append((f"{name} rate {rate:.4f} vs {p}", abs(rate - p), 0.01))
+    finally:
+        attention.SDPA_DROPOUT_DEVICES = devices
 
 
 def _forward_with_keep(gpu: MultiHeadSelfAttention, xg: torch.Tensor, mask: torch.Tensor):
@@ -108,7 +147,7 @@ def _forward_with_keep(gpu: MultiHeadSelfAttention, xg: torch.Tensor, mask: torc
 
     MultiHeadSelfAttention._drop = staticmethod(spy)
     try:
-        out, _ = gpu(xg, mask)
+        out, _ = gpu(xg, mask, need_weights=True)  # the explicit path (without weights CUDA drops inside SDPA)
     finally:
         MultiHeadSelfAttention._drop = staticmethod(original)
     return out, captured["keep"], captured["scale"]
@@ -125,7 +164,7 @@ def time_steps() -> None:
         model = TransformerClassifier(20000, 2, 64, 4, key_dim=dk, head_combine=combine, max_len=t).to(DEVICE)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
         for dtype in (torch.float32, torch.bfloat16):
-            def step():
+            def step(model=model, opt=opt, dtype=dtype):
                 with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
                     loss = torch.nn.functional.cross_entropy(model(ids, attention_mask).logits.float(), labels)
                 loss.backward()
@@ -141,7 +180,8 @@ def time_steps() -> None:
                 end.record()
                 torch.cuda.synchronize()
                 times.append(start.elapsed_time(end))
-            print(f"step {combine:6s} {str(dtype)[6:]:8s} batch {b} x {t}: {statistics.median(times):.2f} ms (median of 20)")
+            print(f"step {combine:6s} {str(dtype)[6:]:8s} batch {b} x {t}: {statistics.median(times):.2f} ms "
+                  "(median of 20)")
 
 
 def main() -> int:
@@ -154,6 +194,7 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name() if DEVICE.type == 'cuda' else 'CPU'}, torch {torch.__version__}")
     results: list = []
     check_paths(results)
+    check_fused_dropout(results)
     failed = 0
     for name, err, tol in results:
         ok = err <= tol

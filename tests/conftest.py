@@ -115,3 +115,25 @@ def run_analyze():
 
     return run
 
+
+
+@pytest.fixture
+def rewrite_checkpoint():
+    """rewrite_checkpoint(src, dst, data_cfg=None, checksum=False, **changes) -> dst: a copy of checkpoint ``src``
+    whose ``data_cfg`` hyper-parameter is replaced by ``data_cfg`` and/or updated with ``changes``; ``checksum``
+    also writes a matching ``.sha256`` (a crafted checkpoint can carry one: that proves nothing). The one builder
+    of crafted and altered checkpoints for the tests."""
+    import torch
+
+    from identifiable_transformers.checkpoint import write_checksum
+
+    def rewrite(src: Path, dst: Path, data_cfg: dict | None = None, checksum: bool = False, **changes) -> Path:
+        ckpt = torch.load(src, map_location="cpu", weights_only=True)
+        hp = ckpt["hyper_parameters"]
+        hp["data_cfg"] = {**(hp["data_cfg"] if data_cfg is None else data_cfg), **changes}
+        torch.save(ckpt, dst)
+        if checksum:
+            write_checksum(dst)
+        return dst
+
+    return rewrite

@@ -31,5 +31,5 @@ def test_gpu_check_runs_its_checks_on_the_cpu():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--cpu"], capture_output=True,
                          text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "24 passed, 0 failed" in out.stdout
-    assert out.stdout.count("PASS ") == 24 and "FAIL" not in out.stdout
+    assert "30 passed, 0 failed" in out.stdout
+    assert out.stdout.count("PASS ") == 30 and "FAIL" not in out.stdout

@@ -198,14 +198,14 @@ def test_matches_and_describe_follow_annotations():
     from collections.abc import Mapping, Sequence
     from typing import Literal, Optional, Union
 
-    assert matches(3, float) and not matches(True, int) and not matches("3", int) and matches(None, Optional[int])
+    assert matches(3, float) and not matches(True, int) and not matches("3", int) and matches(None, Optional[int])  # noqa: UP045 (typing forms on purpose)
     assert matches("a", Sequence[str]) and not matches("a", list[str]) and matches(["a"], list[str])
     assert matches({"train": None}, Mapping[str, str | None]) and not matches({"t": [1]}, Mapping[str, str])
     assert not matches(1, Literal["1"]) and matches("1", Literal["1"]) and not matches(1, Literal[True])
     assert matches({"_target_": "x.Y"}, int)  # instantiated into an object first
     assert matches("anything", Path) and matches(1, object)  # classes: left to the target
-    assert describe(Optional[int]) == "an int or null"
-    assert describe(Union[Literal[1, 2], Literal["a"], None]) == "one of 1, 2, 'a' or null"
+    assert describe(Optional[int]) == "an int or null"  # noqa: UP045
+    assert describe(Union[Literal[1, 2], Literal["a"], None]) == "one of 1, 2, 'a' or null"  # noqa: UP007
 
 
 def test_only_the_projects_own_raises_are_user_mistakes(tmp_path):
@@ -224,5 +224,5 @@ def test_only_the_projects_own_raises_are_user_mistakes(tmp_path):
     assert user_error_message(bug.value) is None
     missing = OmegaConf.create({"ckpt_path": "???"})
     with pytest.raises(Exception) as info:
-        missing.ckpt_path
+        _ = missing.ckpt_path
     assert user_error_message(info.value).startswith("ckpt_path is required")

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from identifiable_transformers.checkpoint import CheckpointError, data_module_from_checkpoint, write_checksum
+from identifiable_transformers.checkpoint import CheckpointError, data_module_from_checkpoint
 from identifiable_transformers.lit_module import TextClassifier
 from identifiable_transformers.report import main as report
 
@@ -46,17 +45,19 @@ def genuine(tmp_path_factory, cache_dir):
     return path, data_cfg, dm
 
 
-def _sweep(root: Path, ckpt: Path, data_cfg: dict) -> Path:
-    """A one-job sweep folder as train.py -m leaves it, whose best checkpoint holds ``data_cfg``."""
+@pytest.fixture
+def sweep_of(rewrite_checkpoint):
+    """sweep_of(root, ckpt, data_cfg): a one-job sweep folder as train.py -m leaves it, whose best checkpoint
+    holds ``data_cfg`` (with a matching checksum: a crafted checkpoint can carry one, and that proves nothing)."""
+    return lambda root, ckpt, data_cfg: _sweep(root, ckpt, data_cfg, rewrite_checkpoint)
+
+
+def _sweep(root: Path, ckpt: Path, data_cfg: dict, rewrite_checkpoint) -> Path:
     job = root / "sweep" / "0"
     (job / "checkpoints").mkdir(parents=True)
     (job / "identifiability").mkdir()
     (job / ".hydra").mkdir()
-    c = torch.load(ckpt, map_location="cpu", weights_only=True)
-    c["hyper_parameters"]["data_cfg"] = data_cfg
-    best = job / "checkpoints" / "epoch_000.ckpt"
-    torch.save(c, best)
-    write_checksum(best)  # a crafted checkpoint can carry a matching checksum: that proves nothing
+    best = rewrite_checkpoint(ckpt, job / "checkpoints" / "epoch_000.ckpt", data_cfg=data_cfg, checksum=True)
     model = {"embed_dim": 8, "num_heads": 2, "key_dim": 2, "value_dim": None, "head_combine": "concat"}
     (job / "metrics.json").write_text(json.dumps({"config": {"data": "rt_offline", "seed": 1, "model": model},
                                                   "metrics": {"test/acc": 0.5}, "best_model_path": str(best)}))
@@ -103,9 +104,9 @@ def test_the_crafted_targets_would_run_if_called(crafted):
     assert marker.exists()
 
 
-def test_report_never_runs_a_target_a_checkpoint_names(crafted, genuine, tmp_path, cache_dir, capsys):
+def test_report_never_runs_a_target_a_checkpoint_names(crafted, genuine, tmp_path, cache_dir, capsys, sweep_of):
     data_cfg, target, marker = crafted
-    sweep = _sweep(tmp_path, genuine[0], data_cfg)
+    sweep = sweep_of(tmp_path, genuine[0], data_cfg)
     assert report([str(sweep), "--out", str(tmp_path / "out"), "--cache-dir", str(cache_dir)]) == 0
     assert not marker.exists()
     err = capsys.readouterr().err
@@ -116,9 +117,9 @@ def test_report_never_runs_a_target_a_checkpoint_names(crafted, genuine, tmp_pat
     assert (tmp_path / "out" / "results.md").is_file()  # the rest of the report is still written
 
 
-def test_analyze_never_runs_a_target_a_checkpoint_names(crafted, genuine, tmp_path, cache_dir, run_analyze):
+def test_analyze_never_runs_a_target_a_checkpoint_names(crafted, genuine, tmp_path, cache_dir, run_analyze, sweep_of):
     data_cfg, target, marker = crafted
-    ckpt = _sweep(tmp_path, genuine[0], data_cfg) / "0" / "checkpoints" / "epoch_000.ckpt"
+    ckpt = sweep_of(tmp_path, genuine[0], data_cfg) / "0" / "checkpoints" / "epoch_000.ckpt"
     with pytest.raises(CheckpointError, match=rf"_target_='{re.escape(target)}', not .*never run.*text=\.\.\."):
         run_analyze([f"ckpt_path={ckpt}", "split=validation", f"output_dir={tmp_path / 'out'}",
                      f"paths.cache_dir={cache_dir}"])
@@ -137,9 +138,9 @@ def test_only_plain_text_data_module_arguments_pass(genuine, change, refused):
         data_module_from_checkpoint({**genuine[1], **change}, "/unused")
 
 
-def test_report_computes_the_key_aware_count_of_a_genuine_checkpoint(genuine, tmp_path, cache_dir, capsys):
+def test_report_computes_the_key_aware_count_of_a_genuine_checkpoint(genuine, tmp_path, cache_dir, capsys, sweep_of):
     ckpt, data_cfg, dm = genuine
-    sweep = _sweep(tmp_path, ckpt, data_cfg)
+    sweep = sweep_of(tmp_path, ckpt, data_cfg)
     assert report([str(sweep), "--out", str(tmp_path / "out"), "--cache-dir", str(cache_dir)]) == 0
     ka = json.loads((sweep / "0" / "identifiability" / "key_aware.json").read_text())
     # default lengths 16, 64, 256: 256 exceeds the model's max_len 64, and no review reaches 64 tokens

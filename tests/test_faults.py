@@ -191,17 +191,10 @@ def test_best_checkpoint_damaged_after_training_is_refused_at_test(make_cfg, tmp
 
 
 # ----------------------------------------------------------------------------- analyze.py
-def _with_data_cfg(src: Path, dst: Path, **changes) -> Path:
-    ckpt = torch.load(src, map_location="cpu", weights_only=True)
-    ckpt["hyper_parameters"]["data_cfg"] = {**ckpt["hyper_parameters"]["data_cfg"], **changes}
-    torch.save(ckpt, dst)
-    return dst
-
-
-def test_analyze_never_runs_a_target_named_by_a_checkpoint(trained, tmp_path, run_analyze):
+def test_analyze_never_runs_a_target_named_by_a_checkpoint(trained, tmp_path, run_analyze, rewrite_checkpoint):
     _, ckpts = trained
     pwned = tmp_path / "pwned"
-    crafted = _with_data_cfg(ckpts / "last.ckpt", tmp_path / "crafted.ckpt",
+    crafted = rewrite_checkpoint(ckpts / "last.ckpt", tmp_path / "crafted.ckpt",
                              _target_="builtins.open", file=str(pwned), mode="w")
     assert torch.load(crafted, weights_only=True)  # passes weights_only loading
     with pytest.raises(ValueError, match="builtins.open"):
@@ -210,9 +203,10 @@ def test_analyze_never_runs_a_target_named_by_a_checkpoint(trained, tmp_path, ru
     assert not pwned.exists()
 
 
-def test_analyze_uses_its_own_cache_dir(trained, tmp_path, run_analyze):
+def test_analyze_uses_its_own_cache_dir(trained, tmp_path, run_analyze, rewrite_checkpoint):
     _, ckpts = trained
-    elsewhere = _with_data_cfg(ckpts / "last.ckpt", tmp_path / "elsewhere.ckpt", cache_dir="/nonexistent/training/cache")
+    elsewhere = rewrite_checkpoint(ckpts / "last.ckpt", tmp_path / "elsewhere.ckpt",
+                                   cache_dir="/nonexistent/training/cache")
     cache = tmp_path / "analyze_cache"
     path = run_analyze([f"ckpt_path={elsewhere}", "split=validation", "num_examples=2",
                         f"output_dir={tmp_path / 'out'}", f"paths.cache_dir={cache}"])
@@ -236,8 +230,8 @@ def _kill_at(step):
     return KillAtStep()
 
 
-# 3 epochs of 4 steps; a tiny learning rate (1e-5 broke the tie once evaluation splits were shuffled), so that the later epochs tie with epoch 0 on val/acc
-# while their weights (and test loss) still differ.
+# 3 epochs of 4 steps; a tiny learning rate (1e-5 broke the tie once evaluation splits were shuffled), so that the
+# later epochs tie with epoch 0 on val/acc while their weights (and test loss) still differ.
 TIES = ["trainer.max_epochs=3", "trainer.deterministic=true", "callbacks=[model_checkpoint,last_checkpoint]",
         "model.lr=1e-6", "test=true"]
 
@@ -278,10 +272,10 @@ def test_cli_refuses_a_damaged_checkpoint(trained, tmp_path, cache_dir):
     assert "does not match its checksum" in proc.stderr and str(flipped) in proc.stderr
 
 
-def test_cli_analyze_refuses_a_crafted_checkpoint(trained, tmp_path):
+def test_cli_analyze_refuses_a_crafted_checkpoint(trained, tmp_path, rewrite_checkpoint):
     _, ckpts = trained
     pwned = tmp_path / "pwned"
-    crafted = _with_data_cfg(ckpts / "last.ckpt", tmp_path / "crafted.ckpt",
+    crafted = rewrite_checkpoint(ckpts / "last.ckpt", tmp_path / "crafted.ckpt",
                              _target_="builtins.open", file=str(pwned), mode="w")
     proc = subprocess.run(
         [sys.executable, str(ROOT / "analyze.py"), f"ckpt_path={crafted}", "split=validation",

@@ -19,7 +19,7 @@ def test_the_pytree_deprecation_is_dropped_and_other_future_warnings_kept():
         seen.clear()
         silence_known_noise()
         _tree_flatten(1)
-        warnings.warn("another FutureWarning", FutureWarning)
+        warnings.warn("another FutureWarning", FutureWarning, stacklevel=1)
     assert [str(w.message) for w in seen] == ["another FutureWarning"]
 
 

@@ -128,7 +128,8 @@ def test_offline_run_has_epoch_axis_summaries_tables_group_overrides_and_files(m
         f"  metrics          {out / 'metrics.json'}",
         f"  best checkpoint  {result['best_model_path']} (val/acc {result['best_val_acc']:.4f})",
         f"  identifiability  {out / 'identifiability'} (probe.json, epoch_XXX/ metrics and plots)",
-        f"  analyze          python analyze.py ckpt_path={result['best_model_path']} 'text=\"a gripping, beautiful film\"'",
+        f"  analyze          python analyze.py ckpt_path={result['best_model_path']} "
+        "'text=\"a gripping, beautiful film\"'",
         f"  report           python -m identifiable_transformers.report {out}",
     ]
     rec = offline_run(tmp_path / "run")
@@ -274,14 +275,15 @@ def test_workspace_builder_builds_the_key_size_panels_offline(capsys):
     from identifiable_transformers.wandb_workspace import key_size_workspace, main
 
     view = key_size_workspace("someone")._to_model().model_dump(by_alias=True, exclude_none=True)
-    sections = {s["name"]: [p["config"] for p in s["panels"]] for s in view["spec"]["section"]["panelBankConfig"]["sections"]}
+    sections = {s["name"]: [p["config"] for p in s["panels"]]
+                for s in view["spec"]["section"]["panelBankConfig"]["sections"]}
     assert list(sections) == ["Accuracy", "Identifiability"]
     lines = [p for panels in sections.values() for p in panels if "metrics" in p]
     scatters = [p for panels in sections.values() for p in panels if "metrics" not in p]
     assert {m for p in lines for m in p["metrics"]} >= {"val/acc", "val/ident/identifiable_frac", "val/ident/null_dim"}
     assert all(p["xAxis"] == "epoch" and p["groupBy"] == "design.value" for p in lines)
-    assert {(p["xAxis"], p["yAxis"]) for p in scatters} >= {("config:key_dim.value", "summary:test/acc"),
-                                                            ("config:key_dim.value", "summary:val/ident/identifiable_frac")}
+    assert {(p["xAxis"], p["yAxis"]) for p in scatters} >= {
+        ("config:key_dim.value", "summary:test/acc"), ("config:key_dim.value", "summary:val/ident/identifiable_frac")}
     assert main(["--entity", "someone", "--dry-run"]) == 0
     assert "test accuracy against key size" in capsys.readouterr().out
 
@@ -392,3 +394,31 @@ def test_lightning_lines_reach_the_root_handlers_once():
         root.removeHandler(counted)
         for name, handler in own.items():
             logging.getLogger(name).removeHandler(handler)
+
+
+
+@pytest.mark.parametrize("sync_tensorboard", [False, True])  # True: Lightning's own experiment starts the run
+def test_a_run_is_started_without_the_anonymous_setting(monkeypatch, tmp_path, capfd, sync_tensorboard):
+    """W&B prints "The anonymous setting has no effect" for any ``anonymous`` given to wandb.init (Lightning's
+    logger passes None). The reference: W&B's own settings warn for Lightning's value; ours pass none."""
+    from unittest import mock
+
+    import wandb
+    import wandb.errors.term
+    from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
+
+    from identifiable_transformers.wandb_logging import WandbLogger
+
+    calls = []
+    monkeypatch.setattr(wandb, "init", lambda **kw: calls.append(kw) or mock.MagicMock())
+    monkeypatch.setattr(wandb, "run", None)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for cls in (LightningWandbLogger, WandbLogger):
+        _ = cls(project="p", save_dir=str(tmp_path), offline=True, sync_tensorboard=sync_tensorboard).experiment
+    lightning_kwargs, ours = calls
+    assert "anonymous" in lightning_kwargs and "anonymous" not in ours
+    assert {k: v for k, v in lightning_kwargs.items() if k != "anonymous"} == ours  # nothing else changed
+    monkeypatch.setattr(wandb.errors.term, "_printed_messages", set())
+    monkeypatch.delenv("WANDB_SILENT", raising=False)
+    wandb.Settings(anonymous=lightning_kwargs["anonymous"])
+    assert "The anonymous setting has no effect" in capfd.readouterr().err

@@ -3,8 +3,9 @@
 * :class:`LastCheckpoint` keeps ``last.ckpt``, the newest training state, for resuming.
   Lightning's ``ModelCheckpoint(save_last=True)`` refreshes ``last.ckpt`` only when it also saves a
   top-k checkpoint, so with a monitored metric that did not improve, ``last.ckpt`` lags behind.
-  This callback rewrites it after every validation, at the end of every training epoch (when the
-  best checkpoint changed since) and every ``every_n_train_steps`` steps, atomically: a run killed while writing keeps the previous file.
+  This callback rewrites it at the end of every training epoch (after its validation), after a validation
+  inside an epoch, every ``every_n_train_steps`` steps, and at the step a SIGTERM arrives, atomically: a run
+  killed while writing keeps the previous file.
   Everything an exact resume needs is in it (see ``TextClassifier.on_save_checkpoint`` and
   ``TextDataModule.state_dict``).
 * :class:`BestCheckpoint` is Lightning's ``ModelCheckpoint`` that also resumes exactly into a new
@@ -27,15 +28,22 @@ import os
 import pickle
 import shutil
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from weakref import proxy
 
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 
+from .files import atomic_path, atomic_write, disk_full_error, fsync, is_disk_full, temp_name
+
 SUFFIX = ".sha256"
+# What a full disk while saving a checkpoint asks of the user (training.py adds how to resume).
+DISK_FULL_FIX = "Free space on that disk, or write the run to another one (hydra.run.dir=DIR)."
 
 
 class CheckpointError(ValueError):
@@ -57,10 +65,7 @@ def _file_digest(path: Path) -> str:
 
 def _write_digests(path: Path, digests: list[str]) -> None:
     """Atomically write ``<path>.sha256``: one ``<hex>  <name>`` line per accepted digest."""
-    side = checksum_path(path)
-    tmp = side.with_name(side.name + ".tmp")
-    tmp.write_text("".join(f"{d}  {path.name}\n" for d in digests))
-    os.replace(tmp, side)
+    atomic_write(checksum_path(path), "".join(f"{d}  {path.name}\n" for d in digests), "checksum", DISK_FULL_FIX)
 
 
 def _read_digests(path: Path) -> list[str] | None:
@@ -137,11 +142,13 @@ def check_compatible(ckpt: dict[str, Any], module: torch.nn.Module, path: str | 
           if k in hp_theirs and k not in skip and hp_theirs[k] != hp_ours[k]}
     parts = [f"hyper-parameters (checkpoint vs this run): {hp}"] if hp else []
     if shapes:
-        parts.append("shapes (checkpoint vs this run): " + ", ".join(f"{k} {a} vs {b}" for k, (a, b) in list(shapes.items())[:5]))
+        pairs = list(shapes.items())[:5]
+        parts.append("shapes (checkpoint vs this run): " + ", ".join(f"{k} {a} vs {b}" for k, (a, b) in pairs))
     # Both lists are named: a deeper checkpoint has only unexpected weights (model.layers.1.*), a
     # shallower one only missing ones; Lightning's strict load would fail on either with a raw error.
     if unexpected:
-        parts.append(f"{len(unexpected)} unexpected weight(s), in the checkpoint but not in this model: {_some(unexpected)}")
+        parts.append(f"{len(unexpected)} unexpected weight(s), in the checkpoint but not in this model: "
+                     f"{_some(unexpected)}")
     if missing:
         parts.append(f"{len(missing)} missing weight(s), in this model but not in the checkpoint: {_some(missing)}")
     raise CheckpointError(f"{what} {str(path)!r} holds a model of another size or kind; " + "; ".join(parts)
@@ -184,11 +191,12 @@ def data_module_kwargs(data_cfg: Any, what: str = "checkpoint", fix: str = "") -
     allowed = set(inspect.signature(TextDataModule).parameters)
     unknown = sorted(str(k) for k in values if k not in allowed)
     if unknown:
-        raise CheckpointError(f"{what}: its data_cfg has keys {unknown} that TextDataModule does not take: refused.{fix}")
+        raise CheckpointError(f"{what}: its data_cfg has keys {unknown} that TextDataModule does not take: "
+                              f"refused.{fix}")
     odd = sorted(k for k, v in values.items() if not _plain(v))
     if odd:
-        raise CheckpointError(f"{what}: its data_cfg has values for {odd} that are not plain settings (str, number, bool, "
-                              f"null, or lists/mappings of them; no nested _target_): refused.{fix}")
+        raise CheckpointError(f"{what}: its data_cfg has values for {odd} that are not plain settings (str, number, "
+                              f"bool, null, or lists/mappings of them; no nested _target_): refused.{fix}")
     return values
 
 
@@ -198,6 +206,20 @@ def data_module_from_checkpoint(data_cfg: Any, cache_dir: str, what: str = "chec
     from .data import TextDataModule
 
     return TextDataModule(**{**data_module_kwargs(data_cfg, what, fix), "cache_dir": str(cache_dir)})
+
+
+@contextmanager
+def _temporary(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary name for a checkpoint that the caller renames to ``path`` once complete; removed on any
+    failure, and a full disk becomes a one-line :class:`~.files.DiskFullError`."""
+    tmp = temp_name(path)
+    try:
+        yield tmp
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if is_disk_full(e):
+            raise disk_full_error(path, "checkpoint", DISK_FULL_FIX) from None
+        raise
 
 
 class LastCheckpoint(Checkpoint):  # a Checkpoint, so Lightning runs it after the other callbacks
@@ -217,15 +239,16 @@ class LastCheckpoint(Checkpoint):  # a Checkpoint, so Lightning runs it after th
     def _save(self, trainer: pl.Trainer) -> None:
         if trainer.sanity_checking or trainer.fast_dev_run or trainer.state.fn != "fit":
             return
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        trainer.save_checkpoint(tmp, weights_only=False)  # the full state; every rank takes part, rank 0 writes
-        if trainer.is_global_zero:
-            new, old = _file_digest(tmp), _read_digests(self.path) or []
-            # Both digests are accepted while the file is swapped: a kill between the two steps
-            # leaves either file with a checksum that matches it.
-            _write_digests(self.path, [new, *old[:1]])
-            os.replace(tmp, self.path)
-            _write_digests(self.path, [new])
+        with _temporary(self.path) as tmp:
+            trainer.save_checkpoint(tmp, weights_only=False)  # the full state; every rank takes part, rank 0 writes
+            if trainer.is_global_zero:
+                fsync(tmp)
+                new, old = _file_digest(tmp), _read_digests(self.path) or []
+                # Both digests are accepted while the file is swapped: a kill between the two steps
+                # leaves either file with a checksum that matches it.
+                _write_digests(self.path, [new, *old[:1]])
+                os.replace(tmp, self.path)
+                _write_digests(self.path, [new])
         self._saved = self._state(trainer)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
@@ -235,15 +258,24 @@ class LastCheckpoint(Checkpoint):  # a Checkpoint, so Lightning runs it after th
         # that validation, or at the epoch end, follows at once.
         if batch_idx + 1 >= trainer.num_training_batches:
             return
-        if self.every_n_train_steps and trainer.global_step % self.every_n_train_steps == 0:
+        # SIGTERM (a scheduler ending the job): Lightning stops right after this batch, so keep it. On an
+        # epoch's last batch the save after its validation (or the previous one) is what a resume gets.
+        if trainer.received_sigterm or (
+                self.every_n_train_steps and trainer.global_step % self.every_n_train_steps == 0):
             self._save(trainer)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._save(trainer)
+        # A validation inside the epoch (val_check_interval): save now. The one at the epoch's end is followed at
+        # once by the epoch-end save, which is the one to resume from: saved here, a resume would replay the
+        # epoch's end without its training metrics (Lightning does not checkpoint its logged epoch values), so
+        # metrics_history.csv and metrics.json would lose that epoch's train/* values.
+        progress = trainer.fit_loop.epoch_loop.batch_progress
+        if not (progress.is_last_batch or progress.current.ready >= trainer.num_training_batches):
+            self._save(trainer)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # Again if no validation ran at the end of this epoch, or if ModelCheckpoint (which saves at the
-        # epoch end, after validation) kept a new best since: last.ckpt must know the best checkpoint.
+        # After the epoch's validation and the best checkpoint's save (ModelCheckpoint saves at the epoch end):
+        # last.ckpt knows the best checkpoint and holds the epoch's row of the history.
         if self._saved != self._state(trainer):
             self._save(trainer)
 
@@ -259,9 +291,19 @@ class BestCheckpoint(ModelCheckpoint):
     """
 
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        super()._save_checkpoint(trainer, filepath)
+        # Lightning's, but written to a temporary name and renamed: a full disk or a kill never leaves a
+        # truncated epoch_XXX.ckpt under its final name (Lightning's own save writes the final name directly).
+        with _temporary(filepath) as tmp:
+            trainer.save_checkpoint(tmp, self.save_weights_only)
+            if trainer.is_global_zero:
+                fsync(tmp)
+                os.replace(tmp, filepath)
+                write_checksum(filepath)
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
         if trainer.is_global_zero:
-            write_checksum(filepath)
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
 
     def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         super()._remove_checkpoint(trainer, filepath)
@@ -282,9 +324,10 @@ class BestCheckpoint(ModelCheckpoint):
         if rank_zero_only.rank == 0:
             Path(self.dirpath).mkdir(parents=True, exist_ok=True)
             for old, new in moved.items():
-                shutil.copy2(old, new)
-                if checksum_path(old).is_file():
-                    shutil.copy2(checksum_path(old), checksum_path(new))
+                for src, dst in ((old, new), (checksum_path(old), checksum_path(new))):
+                    if Path(src).is_file():
+                        with atomic_path(dst, "checkpoint", DISK_FULL_FIX) as tmp:
+                            shutil.copy2(src, tmp)
         super().load_state_dict({
             **state_dict, "dirpath": self.dirpath,
             "best_k_models": {moved[k]: v for k, v in kept.items()},

@@ -29,6 +29,20 @@ class ConfigError(UserError, ValueError):
     """A config value of the wrong type or an impossible one, found before any work starts."""
 
 
+class Interrupted(SystemExit):
+    """A run stopped by a signal (SIGTERM from a scheduler, Ctrl-C): exit status ``128 + signal``, and one
+    message saying what was kept and how to go on (resume, or run again). A ``SystemExit``, so that nothing on
+    the way (Hydra's job runner, ``except Exception``) swallows it; an entry script decorated with
+    :func:`exit_on_user_error` prints :attr:`message`."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(128 + int(signum))
+        self.signum, self.message = int(signum), message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 def _raised_in(ex: BaseException, files: set[Path]) -> bool:
     """True if the innermost frame of ``ex``'s traceback is in this package or one of ``files``."""
     tb = ex.__traceback__
@@ -91,6 +105,10 @@ def exit_on_user_error(main: Callable[..., Any]) -> Callable[..., Any]:
             return main(*args, **kwargs)
         try:
             return main(*args, **kwargs)
+        except Interrupted as ex:  # a signal: what was kept and how to go on, exit status 128 + signal
+            sys.stdout.flush()
+            print(f"Interrupted{_job_label()}: {ex.message}", file=sys.stderr, flush=True)
+            sys.exit(ex.code)
         except Exception as ex:
             message = user_error_message(ex, {script})
             if message is None or os.environ.get("HYDRA_FULL_ERROR") == "1":

@@ -34,6 +34,9 @@ _DESCRIPTIONS = {bool: "true or false", int: "an int", float: "a number", str: "
 
 # Top-level keys of conf/train.yaml that no _target_ signature types: (type, example)
 _TOP_LEVEL = {"seed": (int | None, "42"), "train": (bool, "true"), "test": (bool, "true")}
+# Sequence parameters whose target takes one string as a list of it (``data.text_fields=text``); any other
+# sequence given a string is refused: ``list("attention")`` would be its letters.
+_ONE_STRING_AS_LIST = {"text_fields"}
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -48,6 +51,7 @@ def check_config(cfg: DictConfig) -> None:
         check_data(cfg)
     if cfg.get("model") is not None and cfg.get("data") is not None:
         check_model(cfg)
+    check_faithfulness(cfg)
     ckpt = cfg.get("ckpt_path")
     if ckpt and not Path(str(ckpt)).expanduser().is_file():
         raise FileNotFoundError(f"ckpt_path={ckpt} does not exist: pass the path of a .ckpt file")
@@ -121,10 +125,22 @@ def check_node(key: str, node: DictConfig) -> None:
             hint = f"did you mean {key}.{close[0]}?" if close else f"its options: {', '.join(names)}"
             raise ConfigError(f"{key}.{name} is not an option of {values['_target_']}: {hint}")
         tp = hints.get(name)
+        if isinstance(value, str) and name not in _ONE_STRING_AS_LIST and _is_sequence(tp) and matches([value], tp):
+            raise ConfigError(f"{key}.{name}={value!r} is a string, but a list is expected: pass e.g. "
+                              f"{key}.{name}=[{value}]")
         if tp is not None and not matches(value, tp):
             default = params[name].default
             example = _example(tp, default)
             raise ConfigError(f"{key}.{name}={value!r} is not {describe(tp)}: pass e.g. {key}.{name}={example}")
+
+
+def _is_sequence(tp: Any) -> bool:
+    """Whether ``tp`` asks for a sequence and takes no plain string (``Sequence[str] | None`` does not)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        return any(_is_sequence(a) for a in args) and not any(
+            a is str or typing.get_origin(a) is typing.Literal for a in args)
+    return (typing.get_origin(tp) or tp) in (list, tuple, cabc.Sequence, cabc.MutableSequence)
 
 
 def matches(value: Any, tp: Any) -> bool:
@@ -256,3 +272,19 @@ def check_data(cfg: DictConfig) -> None:
         if not _raised_in(e, set()):
             raise
         raise ConfigError(f"data: {e}") from e
+
+
+def check_faithfulness(cfg: DictConfig) -> None:
+    """The end-of-fit faithfulness stage runs after training: its settings are checked before training starts."""
+    from .diagnostics.callbacks.faithfulness import FaithfulnessCallback
+
+    for key, node in _target_nodes(cfg):
+        values = _resolved(key, node)
+        target = _locate(key, str(values["_target_"]))
+        if not (inspect.isclass(target) and issubclass(target, FaithfulnessCallback)):
+            continue
+        steps = values.get("ig_steps", inspect.signature(target).parameters["ig_steps"].default)
+        if values.get("final", True) and isinstance(steps, int) and steps < 1:
+            raise ConfigError(f"{key}.ig_steps={steps} must be >= 1 (integrated-gradients steps of the end-of-fit "
+                              f"stage, which runs after training): pass e.g. {key}.ig_steps=32, or turn the stage "
+                              f"off with {key}.final=false")

@@ -11,11 +11,14 @@ epoch, so a killed run keeps the epochs it finished.
 from __future__ import annotations
 
 import csv
+import io
 import os
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+
+from .files import atomic_write
 
 FILENAME = "metrics_history.csv"
 
@@ -59,7 +62,8 @@ class MetricsHistory(pl.Callback):
             return
         epoch = trainer.current_epoch
         train = {k: v for k, v in scalar_metrics(trainer.callback_metrics).items() if not k.startswith("val/")}
-        val = {k: v for k, v in (self._val or {}).items() if k != "epoch"} if (self._val or {}).get("epoch") == epoch else {}
+        last_val = self._val or {}
+        val = {k: v for k, v in last_val.items() if k != "epoch"} if last_val.get("epoch") == epoch else {}
         self.rows = [r for r in self.rows if r["epoch"] != epoch]  # an epoch replayed after a resume: its newest row
         self.rows.append({"epoch": epoch, "step": trainer.global_step, **train, **val})
         self._val = None
@@ -73,10 +77,9 @@ class MetricsHistory(pl.Callback):
     def write(self) -> Path:
         columns = ["epoch", "step", *sorted({k for row in self.rows for k in row} - {"epoch", "step"})]
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(self.rows)
-        os.replace(tmp, self.path)
-        return self.path
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(self.rows)
+        return atomic_write(self.path, text.getvalue(), "learning curve", "Free space on that disk, or write the run "
+                            "to another one (hydra.run.dir=DIR).")

@@ -12,6 +12,7 @@ import inspect
 import io
 import math
 import random
+import warnings
 from functools import cached_property
 
 import lightning.pytorch as pl
@@ -20,14 +21,17 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
-from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from .checkpoint import read_checkpoint
+from .metrics import IGNORE_INDEX, Accuracy, F1Score
 from .models import TransformerClassifier
 
 SCHEDULERS = ("constant", "linear", "cosine")
 _FUSED_ADAMW_DEVICES = ("cpu", "cuda", "mps", "xpu")
 _MODEL_ARGS = set(inspect.signature(TransformerClassifier).parameters)
+# model.cuda_graphs: where the training step is captured, and how (tests put the CPU and the eager backend here).
+_GRAPH_DEVICES = ("cuda",)
+_GRAPH_COMPILE = {"mode": "reduce-overhead", "fullgraph": True, "dynamic": False}
 
 
 # numpy's RNG state as tensors and ints, so checkpoints stay loadable with torch.load(weights_only=True).
@@ -76,6 +80,7 @@ class TextClassifier(pl.LightningModule):
         activation: str = "relu",
         norm_first: bool = False,
         compile: bool = False,  # torch.compile the encoder (opt-in; docs/performance.md)
+        cuda_graphs: bool = False,  # on CUDA: the training forward and backward replayed as CUDA graphs
         # optimisation
         lr: float = 1e-3,
         weight_decay: float = 0.01,
@@ -98,20 +103,25 @@ class TextClassifier(pl.LightningModule):
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
         if label_names is not None and len(label_names) != num_classes:
             raise ValueError(f"label_names has {len(label_names)} names but num_classes={num_classes}")
+        if compile and cuda_graphs:
+            raise ValueError("model.compile=true and model.cuda_graphs=true exclude each other: cuda_graphs compiles "
+                             "the training step itself (docs/performance.md); set one of them to false")
         # logger=False: the training app logs the resolved config itself (without the tokenizer blob).
         self.save_hyperparameters(logger=False)
         self.model = TransformerClassifier(**{k: v for k, v in self.hparams.items() if k in _MODEL_ARGS})
         if compile:
             _compile_in_place(self.model)
-        # Paper-style accuracy is micro-averaged; torchmetrics' default would average per class.
-        metrics = MetricCollection({
-            "acc": MulticlassAccuracy(num_classes, average="micro"),
-            "f1": MulticlassF1Score(num_classes, average="macro"),
-        })
+        self._graphed_loss = None  # model.cuda_graphs on CUDA: the compiled _forward_loss (on_fit_start)
+        # Paper-style accuracy is micro-averaged; torchmetrics' default would average per class. Both count
+        # without host synchronisation and leave out the padding rows of a fixed-size batch (metrics.py).
+        metrics = MetricCollection({"acc": Accuracy(num_classes, average="micro"),
+                                    "f1": F1Score(num_classes, average="macro")})
         self.train_metrics = metrics.clone(prefix="train/")
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
-        self.train_loss = MeanMetric()  # train/loss_epoch; Lightning's own running means are not checkpointed
+        # train/loss_epoch; Lightning's own running means are not checkpointed. No NaN check: it would make the host
+        # wait for the device at every step (a NaN loss then shows in the epoch's mean).
+        self.train_loss = MeanMetric(nan_strategy="disable")
         self.val_acc_best = MaxMetric()
         # Checkpointed, so that a run resumed mid-epoch reports the same epoch metrics and best accuracy.
         for metric in (self.train_metrics, self.train_loss, self.val_acc_best):
@@ -142,15 +152,42 @@ class TextClassifier(pl.LightningModule):
     def forward(self, input_ids, attention_mask=None, output_attentions=False):
         return self.model(input_ids, attention_mask, output_attentions)
 
+    def _forward_loss(self, input_ids, attention_mask, labels, label_smoothing: float):
+        """Logits and the mean cross-entropy over the rows whose label is not IGNORE_INDEX (a fixed-size batch's
+        padding rows): what model.cuda_graphs captures."""
+        logits = self.model(input_ids, attention_mask).logits
+        return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing), logits
+
+    def on_fit_start(self) -> None:
+        """model.cuda_graphs: compile the training forward (and so its backward) with CUDA graphs. On another
+        device it is ignored with a warning, so that one config serves a GPU node and a laptop."""
+        if not self.hparams.get("cuda_graphs") or self._graphed_loss is not None:
+            return
+        if self.device.type not in _GRAPH_DEVICES:
+            warnings.warn(f"model.cuda_graphs=true has no effect on {self.device.type}: the training step runs "
+                          "eagerly (CUDA graphs need a CUDA device)", stacklevel=2)
+            return
+        if self.trainer.accumulate_grad_batches > 1:
+            # A replay overwrites the previous one's outputs, the gradients being accumulated among them.
+            raise ValueError(f"model.cuda_graphs=true cannot accumulate gradients (trainer.accumulate_grad_batches="
+                             f"{self.trainer.accumulate_grad_batches}): set it to 1, or model.cuda_graphs=false")
+        self._graphed_loss = torch.compile(self._forward_loss, **_GRAPH_COMPILE)
+
     def _step(self, batch: dict, stage: str) -> torch.Tensor:
-        logits = self.model(batch["input_ids"], batch["attention_mask"]).logits
         labels = batch["labels"]
-        loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing if stage == "train" else 0.0)
+        smoothing = self.hparams.label_smoothing if stage == "train" else 0.0
+        if stage == "train" and self._graphed_loss is not None and self.training:
+            torch.compiler.cudagraph_mark_step_begin()
+            loss, logits = self._graphed_loss(batch["input_ids"], batch["attention_mask"], labels, smoothing)
+            loss, logits = loss.clone(), logits.clone()  # the graph's outputs are overwritten by its next replay
+        else:
+            loss, logits = self._forward_loss(batch["input_ids"], batch["attention_mask"], labels, smoothing)
         metrics = getattr(self, f"{stage}_metrics")
         metrics.update(logits, labels)
         size = labels.shape[0]
         if stage == "train":
-            self.train_loss.update(loss.detach(), size)
+            # weighted by the real rows (a tensor: counting them on the host would wait for the device)
+            self.train_loss.update(loss.detach(), (labels != IGNORE_INDEX).sum())
             self.log("train/loss_step", loss, prog_bar=True, batch_size=size)
             self.log("train/loss_epoch", self.train_loss, on_step=False, on_epoch=True, prog_bar=True)
         else:

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shlex
+import signal
 import time
 import warnings
 from pathlib import Path
@@ -18,17 +19,29 @@ from filelock import FileLock
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.trainer.states import TrainerStatus
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.seed import isolate_rng
 from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import CheckpointError, check_compatible, read_checkpoint
+from .cli import Interrupted
 from .config_checks import check_config
 from .data.cache import writable
 from .data.sources import host_reachable
 from .data.tokenizer import tokenizer_from_str
+from .files import DiskFullError, atomic_write, free_space, is_disk_full
 from .history import MetricsHistory
+from .interrupts import Terminated, how_to_resume, received_sigterm, sigterm_stops_the_run, where_it_stopped
 from .quiet import ModelSummary, silence_known_noise
-from .run_checks import check_resume_batch_size, check_run_folder
+from .run_checks import (
+    adopt_evaluation_settings,
+    check_resume_batch_size,
+    check_resume_settings,
+    check_run_folder,
+    refuse_other_architecture,
+)
+from .run_lock import unlock_run_folder
 from .wandb_logging import log_run_end
 
 log = logging.getLogger(__name__)
@@ -141,7 +154,7 @@ def study_keys(cfg: DictConfig) -> dict:
 def build_loggers(cfg: DictConfig) -> list:
     _, name, group = _hydra_runtime()
     loggers = []
-    for key, conf in (cfg.get("logger") or {}).items():
+    for conf in (cfg.get("logger") or {}).values():
         if "_target_" not in conf:
             continue
         if "WandbLogger" in conf._target_:
@@ -163,22 +176,64 @@ def count_parameters(model: torch.nn.Module) -> dict[str, int]:
 
 
 def _scalars(metrics: dict) -> dict[str, float]:
-    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) or getattr(v, "numel", lambda: 0)() == 1}
+    return {k: float(v) for k, v in metrics.items()
+            if isinstance(v, (int, float)) or getattr(v, "numel", lambda: 0)() == 1}
 
 
 def run(cfg: DictConfig) -> dict:
-    """Train and/or test as configured; returns the metrics written to ``metrics.json``."""
+    """Train and/or test as configured; returns the metrics written to ``metrics.json``.
+
+    SIGTERM or Ctrl-C end it with :class:`~.cli.Interrupted` (exit status 128 + signal) saying how to resume; a
+    full disk with a :class:`~.files.DiskFullError` saying the same. The run folder is locked while it runs."""
     check_config(cfg)  # types, unknown keys, impossible model shapes: before any data is prepared
     start = time.time()
     log_once()
     silence_known_noise()
     check_strategy(cfg)
-    output_dir = check_run_folder(cfg)  # writable, and not a finished run's unless resuming it
+    output_dir, locked = check_run_folder(cfg)  # writable, locked, and not a finished run's unless resuming it
+    state: dict = {}  # the trainer, once built: where an interruption stopped
+    try:
+        with sigterm_stops_the_run():
+            return _run(cfg, output_dir, start, state)
+    except (Terminated, SIGTERMException):
+        raise Interrupted(signal.SIGTERM, f"SIGTERM received{where_it_stopped(state.get('trainer'))}. "
+                          f"{how_to_resume(cfg, output_dir)}") from None
+    except KeyboardInterrupt:
+        raise _ctrl_c(cfg, output_dir, state) from None
+    except SystemExit as e:  # Lightning ends a Ctrl-C inside fit/test with sys.exit(1), after its own cleanup
+        trainer = state.get("trainer")
+        if isinstance(e, Interrupted) or trainer is None or trainer.state.status != TrainerStatus.INTERRUPTED:
+            raise
+        raise _ctrl_c(cfg, output_dir, state) from None
+    except DiskFullError as e:
+        raise DiskFullError(f"{e} {how_to_resume(cfg, output_dir)}") from None
+    except OSError as e:  # a full disk under a writer of another library (Lightning's CSV logger, Hydra, W&B)
+        if not is_disk_full(e):
+            raise
+        raise DiskFullError(f"the disk is full ({free_space(output_dir)} free on the disk of {output_dir}): {e}. "
+                            f"Free space there, or write the run to another disk. {how_to_resume(cfg, output_dir)}"
+                            ) from None
+    finally:
+        if locked:
+            unlock_run_folder(output_dir)
+
+
+def _ctrl_c(cfg: DictConfig, output_dir: Path, state: dict) -> Interrupted:
+    where = where_it_stopped(state.get("trainer"))
+    return Interrupted(signal.SIGINT, f"Ctrl-C{where}. {how_to_resume(cfg, output_dir)}")
+
+
+def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
     ckpt_path = cfg.get("ckpt_path")
     ckpt = None
     if ckpt_path:  # refused here with a clear message, before Lightning meets a damaged or foreign file
         ckpt, _ = read_checkpoint(ckpt_path, what="ckpt_path")
         check_resume_batch_size(cfg, ckpt, ckpt_path)
+        check_resume_settings(cfg, ckpt, ckpt_path)  # training: any other setting is refused
+        adopted = adopt_evaluation_settings(cfg, ckpt)  # evaluation: record the settings the weights were trained with
+        if adopted:
+            log.warning("train=false: recording the checkpoint's own %s (this run's values apply to training only)",
+                        ", ".join(f"{k}={old!r} (not {new!r})" for k, (old, new) in adopted.items()))
     if cfg.get("seed") is not None:
         pl.seed_everything(cfg.seed, workers=True)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -194,7 +249,7 @@ def run(cfg: DictConfig) -> dict:
     else:  # a read-only cache is only read (nobody can build into it); prepare_data says so if it must build
         datamodule.prepare_data()
     datamodule.setup("fit")
-    datamodule.save_tokenizer(output_dir / "tokenizer.json")
+    atomic_write(output_dir / "tokenizer.json", datamodule.tokenizer.to_str(pretty=True), "tokenizer")
 
     log.info("Model <%s>", cfg.model._target_)
     # Built by hand, not hydra.utils.instantiate: data_cfg holds a _target_ that must stay a plain dict.
@@ -210,6 +265,7 @@ def run(cfg: DictConfig) -> dict:
     )
     if ckpt is not None:
         check_compatible(ckpt, model, ckpt_path, what="ckpt_path")
+        refuse_other_architecture(cfg, ckpt, ckpt_path)  # same shapes, other computation (e.g. model.activation)
         _check_same_tokenizer(ckpt, datamodule, ckpt_path)
         del ckpt
     loggers = build_loggers(cfg)
@@ -224,6 +280,7 @@ def run(cfg: DictConfig) -> dict:
             isinstance(c, pl.callbacks.ModelSummary) for c in callbacks):
         callbacks.append(ModelSummary())  # Lightning's own, less its column of zero FLOPs
     trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    state["trainer"] = trainer
 
     try:
         params = count_parameters(model)
@@ -237,6 +294,8 @@ def run(cfg: DictConfig) -> dict:
                 # TextDataModule's checkpointed data position makes a mid-epoch resume exact; Lightning cannot tell.
                 warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
                 trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+            if received_sigterm():  # arrived where Lightning noted it and finished its loop anyway
+                raise Terminated(signal.SIGTERM)
             if trainer.global_step == 0:
                 raise ValueError(
                     f"training ran no step (trainer.max_epochs={cfg.trainer.get('max_epochs')}, "
@@ -267,13 +326,16 @@ def run(cfg: DictConfig) -> dict:
                 if not test_ckpt:
                     log.warning("train=false without ckpt_path: testing an untrained model")
             trainer.test(model, datamodule=datamodule, ckpt_path=test_ckpt, weights_only=True)
+            if received_sigterm():
+                raise Terminated(signal.SIGTERM)
             test_metrics = _scalars(trainer.callback_metrics)
 
         metrics = {**fit_metrics, **test_metrics}
         result = {
             "metrics": metrics,
             "best_model_path": getattr(ckpt_cb, "best_model_path", None) or None,
-            "best_val_acc": float(ckpt_cb.best_model_score) if getattr(ckpt_cb, "best_model_score", None) is not None else None,
+            "best_val_acc": (float(ckpt_cb.best_model_score)
+                             if getattr(ckpt_cb, "best_model_score", None) is not None else None),
             "best_epoch": _epoch_of(getattr(ckpt_cb, "best_model_path", "")),
             "epochs_run": trainer.current_epoch,
             "runtime_s": round(time.time() - start, 2),
@@ -284,10 +346,11 @@ def run(cfg: DictConfig) -> dict:
             },
         }
         if trainer.is_global_zero:
-            (output_dir / "metrics.json").write_text(json.dumps(result, indent=2))
             if history.rows:
                 history.write()  # also when no epoch ran here (a resumed finished run into a new folder)
-            OmegaConf.save(cfg, output_dir / "config_resolved.yaml", resolve=True)
+            atomic_write(output_dir / "config_resolved.yaml", OmegaConf.to_yaml(cfg, resolve=True), "config")
+            # last: a folder with metrics.json holds a finished run (run_checks), everything else written
+            atomic_write(output_dir / "metrics.json", json.dumps(result, indent=2), "metrics")
             log_run_end(loggers, output_dir, result)
             log.info("%s", where_things_are(output_dir, result))
         return result

@@ -44,7 +44,14 @@ class WandbLogger(_LightningWandbLogger):
 
     Lightning's ``experiment`` defines ``*`` -> ``trainer/global_step`` right after ``wandb.init``;
     a glob defined later would lose to it, so a fresh run is started here with ours first.
+
+    Lightning passes ``anonymous=None`` to ``wandb.init`` whatever it is given; W&B has dropped the setting
+    and prints "The anonymous setting has no effect" for any value, so it is not passed on.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._wandb_init.pop("anonymous", None)
 
     @property
     @rank_zero_experiment

@@ -24,7 +24,7 @@ def _libraries():
         import wandb_workspaces.reports.v2 as wr
         import wandb_workspaces.workspaces as ws
     except ImportError as err:  # pragma: no cover - it is in requirements.txt
-        raise SystemExit(f"the workspace builder needs wandb-workspaces: pip install wandb-workspaces ({err})")
+        raise SystemExit(f"the workspace builder needs wandb-workspaces: pip install wandb-workspaces ({err})") from err
     return ws, wr
 
 

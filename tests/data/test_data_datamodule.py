@@ -58,7 +58,8 @@ def test_dataloaders(dm):
 def test_encode_texts_matches_cached_tokenization(local_dm, make_rows):
     rows = make_rows(10)
     d = local_dm(rows, val_fraction=None, test_fraction=None)
-    d.prepare_data(); d.setup("fit")
+    d.prepare_data()
+    d.setup("fit")
     texts = [r["text"] for r in rows]
     enc = encode_texts(d.tokenizer, texts, d.max_length)
     got = sorted(tuple(x[m].tolist()) for x, m in zip(enc["input_ids"], enc["attention_mask"]))
@@ -78,7 +79,10 @@ def test_idempotent_and_cached(make_rows, write_rows, tmp_path):
     path = d.cache_path()
     assert d.timings["total"] > 0
     stamp = (path / "meta.json").stat().st_mtime_ns
-    d.setup("fit"); d.prepare_data(); d.setup("fit"); d.setup("test")
+    d.setup("fit")
+    d.prepare_data()
+    d.setup("fit")
+    d.setup("test")
     assert (path / "meta.json").stat().st_mtime_ns == stamp
     # a fresh module with the same settings reuses the cache (no rebuild)
     d2 = mk()
@@ -116,13 +120,15 @@ def test_saved_tokenizer_and_state_dict_round_trip(dm, tmp_path):
 def test_tokenizer_file_reuses_exact_tokenizer(dm, local_dm, make_rows, tmp_path):
     p = dm.save_tokenizer(tmp_path / "tok")
     other = local_dm(make_rows(10, seed=5), tokenizer_file=str(p), cache_dir=str(tmp_path / "other"))
-    other.prepare_data(); other.setup("fit")
+    other.prepare_data()
+    other.setup("fit")
     assert other.tokenizer.to_str() == dm.tokenizer.to_str()
 
 
 def test_limit_train_examples(local_dm, make_rows):
     d = local_dm(make_rows(30), limit_train_examples=10)
-    d.prepare_data(); d.setup("fit")
+    d.prepare_data()
+    d.setup("fit")
     assert len(d.train_dataset) == 10 and len(d.val_dataset) == 9
 
 
@@ -141,7 +147,8 @@ def test_length_bucket_sampler_groups_lengths():
 
 def test_length_bucketing_in_dataloader_and_kept_under_ddp(local_dm, make_rows):
     d = local_dm(make_rows(30), length_bucketing=True)
-    d.prepare_data(); d.setup("fit")
+    d.prepare_data()
+    d.setup("fit")
     dl = d.train_dataloader()
     assert isinstance(dl.sampler, LengthBucketSampler)
     assert sum(len(b["labels"]) for b in dl) == len(d.train_dataset)
@@ -209,7 +216,8 @@ def test_omegaconf_lists_accepted(tmp_path, make_rows, write_rows):
                             "label_names": ["sports", "tech", "world"]})
     d = TextDataModule(source="local", train_file=str(f), text_fields=cfg.text_fields, splits=cfg.splits,
                        label_names=cfg.label_names, cache_dir=str(tmp_path / "c"), vocab_size=100, min_frequency=1)
-    d.prepare_data(); d.setup("fit")
+    d.prepare_data()
+    d.setup("fit")
     assert d.label_names == ["sports", "tech", "world"]
 
 

@@ -239,4 +239,4 @@ def test_failed_prepare_leaves_no_partial_cache(local_dm, make_rows, tmp_path):
 
 def test_properties_before_setup_raise(local_dm):
     with pytest.raises(RuntimeError, match="after prepare_data"):
-        local_dm().vocab_size
+        _ = local_dm().vocab_size

@@ -31,7 +31,8 @@ def test_local_given_validation_and_test_files(tmp_path, make_rows, write_rows):
     te = write_rows(tmp_path / "te.parquet", make_rows(3, seed=3))
     dm = TextDataModule(name="x", source="local", train_file=str(tr), validation_file=str(va), test_file=str(te),
                         cache_dir=str(tmp_path / "c"), vocab_size=100, min_frequency=1)
-    dm.prepare_data(); dm.setup(None)
+    dm.prepare_data()
+    dm.setup(None)
     assert (len(dm.train_dataset), len(dm.val_dataset), len(dm.test_dataset)) == (30, 6, 9)
 
 
@@ -41,7 +42,8 @@ def test_multiple_text_fields_joined_with_separator(tmp_path, write_rows):
     dm = TextDataModule(name="x", source="local", train_file=str(f), text_fields=["title", "body"], label_field="y",
                         text_separator=" | ", cache_dir=str(tmp_path / "c"), vocab_size=100, min_frequency=1,
                         val_fraction=0.5, test_fraction=None)
-    dm.prepare_data(); dm.setup("fit")
+    dm.prepare_data()
+    dm.setup("fit")
     decoded = sorted(dm.tokenizer.decode(r["input_ids"]) for r in dm.train_dataset) + \
         sorted(dm.tokenizer.decode(r["input_ids"]) for r in dm.val_dataset)
     assert "title0 | body0" in decoded  # joined with the separator
@@ -62,7 +64,8 @@ def test_classic_agnews_layout(tmp_path, make_rows):
     dm = TextDataModule(name="agnews", source="hub", hub_id="fancyzhx/ag_news", data_dir=str(d),
                         label_names=["World", "Sports", "Business", "Sci/Tech"], cache_dir=str(tmp_path / "c"),
                         vocab_size=100, min_frequency=1)
-    dm.prepare_data(); dm.setup(None)
+    dm.prepare_data()
+    dm.setup(None)
     assert dm.num_classes == 4 and dm.label_names[3] == "Sci/Tech"
     assert len(dm.test_dataset) == 9 and len(dm.train_dataset) + len(dm.val_dataset) == 30
     got = Counter(dm.label_names[i] for i in dm.test_dataset["labels"])

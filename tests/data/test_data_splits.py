@@ -44,7 +44,8 @@ def test_datamodule_split_deterministic(local_dm, make_rows, tmp_path):
     b = local_dm(rows, cache_dir=str(tmp_path / "b"))  # rebuilt from scratch
     c = local_dm(rows, cache_dir=str(tmp_path / "c"), split_seed=1)
     for dm in (a, b, c):
-        dm.prepare_data(); dm.setup(None)
+        dm.prepare_data()
+        dm.setup(None)
     assert a.val_dataset["input_ids"] == b.val_dataset["input_ids"]
     assert a.test_dataset["input_ids"] == b.test_dataset["input_ids"]
     assert a.val_dataset["input_ids"] != c.val_dataset["input_ids"]

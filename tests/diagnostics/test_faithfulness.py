@@ -433,7 +433,7 @@ def test_adversarial_attention_keeps_the_prediction(layers):
             t = torch.linspace(0.02, 1.0, 50)
             cand = ((1 - t[:, None, None]) * a + t[:, None, None] * torch.eye(n)).reshape(-1, n)  # (50 n, n)
 
-            def brute(layer, w, m, cand=cand, h=h):
+            def brute(layer, w, m, cand=cand, h=h, n=n):
                 if layer != layers - 1:
                     return w
                 w = w.clone()

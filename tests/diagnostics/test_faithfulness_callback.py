@@ -35,7 +35,11 @@ def test_training_logs_faithfulness_and_writes_explanations(make_cfg, tmp_path):
     ident = tmp_path / "run" / "identifiability"
     probe = json.loads((ident / "probe.json").read_text())
     ex = json.loads((ident / "explanations.json").read_text())
-    assert ex["indices"] == probe["indices"] and ex["lengths"] == probe["lengths"]
+    # the probe part the callback scores: examples up to its max_length (conf default 2d + 2; null: all)
+    limits = {None: probe["max_probe_length"], "2d+2": 2 * cfg.model.embed_dim + 2}
+    limit = limits[cfg.callbacks.faithfulness.max_length]
+    scored = [(i, n) for i, n in zip(probe["indices"], probe["lengths"]) if n <= limit]
+    assert list(zip(ex["indices"], ex["lengths"])) == scored and scored
     assert set(ex["scores"]) == set(CHEAP_EXPLAINERS)
     for i, n in enumerate(ex["lengths"]):
         assert len(ex["tokens"][i]) == n and ex["tokens"][i][0] == "<cls>"
@@ -47,7 +51,7 @@ def test_training_logs_faithfulness_and_writes_explanations(make_cfg, tmp_path):
     assert per_epoch[key] == pytest.approx(m[key])
     assert (ident / "epoch_000" / "faith_metrics.json").is_file()
     final = json.loads((ident / "faithfulness_final.json").read_text())
-    assert final["indices"] == probe["indices"] and len(final["ig_scores"]) == len(probe["indices"])
+    assert final["indices"] == ex["indices"] and len(final["ig_scores"]) == len(scored)
     assert len(final["adversarial"]["tv"]) == 2  # adversarial_examples=2 in the fast config
 
 

@@ -97,7 +97,7 @@ def _reference_classifier(model, ids, lengths, norm_first):
         ref = reference_heads(layer.attn, a_in, lengths)
         layers.append(ref)
         a = torch.stack([r["out"] for r in ref])
-        ffn = lambda z: lin(torch.relu(lin(z, layer.linear1)), layer.linear2)  # noqa: E731
+        ffn = lambda z, layer=layer: lin(torch.relu(lin(z, layer.linear1)), layer.linear2)  # noqa: E731
         if norm_first:
             x = x + a
             x = x + ffn(ln(x, layer.norm2))

@@ -9,8 +9,10 @@ from identifiable_transformers.models import (
     MultiHeadSelfAttention,
     TransformerClassifier,
     attention,
+    chunked,
     override_attention,
 )
+from identifiable_transformers.models import dropout as dropout_module
 from identifiable_transformers.models.attention import Dropout, keep_mask
 
 
@@ -81,11 +83,11 @@ def test_full_rows_need_no_mask(head_combine, need_weights):
 
 def _force_chunks(monkeypatch, chunk_bytes):
     """Send every size to the chunked path, ``chunk_bytes`` of (T, T) weights per chunk; count its calls."""
-    monkeypatch.setattr(attention, "KEEP_MASK_MIN_NUMEL", 0)
-    monkeypatch.setattr(attention, "ATTENTION_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(dropout_module, "KEEP_MASK_MIN_NUMEL", 0)
+    monkeypatch.setattr(chunked, "ATTENTION_CHUNK_BYTES", chunk_bytes)
     calls = []
-    apply = attention._ChunkedAttention.apply
-    monkeypatch.setattr(attention._ChunkedAttention, "apply", lambda *a: calls.append(1) or apply(*a))
+    apply = chunked._ChunkedAttention.apply
+    monkeypatch.setattr(chunked._ChunkedAttention, "apply", lambda *a: calls.append(1) or apply(*a))
     return calls
 
 
@@ -104,7 +106,7 @@ def test_training_path_with_dropout_equals_the_loop_with_the_same_mask(head_comb
     """
     calls = _force_chunks(monkeypatch, 700) if path == "chunked" else []
     if path == "explicit_keep_mask":
-        monkeypatch.setattr(attention, "KEEP_MASK_MIN_NUMEL", 0)
+        monkeypatch.setattr(dropout_module, "KEEP_MASK_MIN_NUMEL", 0)
     torch.manual_seed(2)
     attn = MultiHeadSelfAttention(16, 4, key_dim=3, head_combine=head_combine, dropout=0.3).train()
     _random_biases(attn)
@@ -131,9 +133,9 @@ def test_training_path_with_dropout_equals_the_loop_with_the_same_mask(head_comb
 
 @pytest.mark.parametrize("b,h,t,chunk_bytes", [(3, 4, 9, c) for c in CHUNK_BYTES] + [(5, 3, 8, 1000), (1, 1, 2, 1)])
 def test_chunks_cover_every_example_and_head_once(b, h, t, chunk_bytes, monkeypatch):
-    monkeypatch.setattr(attention, "ATTENTION_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(chunked, "ATTENTION_CHUNK_BYTES", chunk_bytes)
     seen = torch.zeros(b, h, dtype=torch.long)
-    for rows, heads in attention._chunks(b, h, t, 4):
+    for rows, heads in chunked._chunks(b, h, t, 4):
         seen[rows, heads] += 1
     assert torch.equal(seen, torch.ones(b, h, dtype=torch.long))
 
@@ -143,7 +145,7 @@ def test_chunks_cover_every_example_and_head_once(b, h, t, chunk_bytes, monkeypa
 @pytest.mark.parametrize("p,padded", [(0.0, False), (0.3, True)])
 def test_chunked_attention_gradients_match_finite_differences(head_combine, chunk_bytes, p, padded, monkeypatch):
     """The hand-written backward against torch's numerical Jacobian (float64; the mask fixed by the seed)."""
-    monkeypatch.setattr(attention, "ATTENTION_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(chunked, "ATTENTION_CHUNK_BYTES", chunk_bytes)
     torch.manual_seed(11)
     b, t, h, dk, dv = 3, 6, 4, 2, 3
     q, k, v = (torch.randn(b, t, h, d, dtype=torch.float64, requires_grad=True) for d in (dk, dk, dv))
@@ -151,7 +153,7 @@ def test_chunked_attention_gradients_match_finite_differences(head_combine, chun
 
     def run(q, k, v):
         torch.manual_seed(12)
-        return attention._ChunkedAttention.apply(q, k, v, bias, 0.6, p, head_combine)
+        return chunked._ChunkedAttention.apply(q, k, v, bias, 0.6, p, head_combine)
 
     assert torch.autograd.gradcheck(run, (q, k, v))
 
@@ -225,7 +227,7 @@ def test_keep_mask_rate_scale_and_independence():
 
 
 def test_dropout_module_keeps_or_zeroes_and_is_identity_in_eval(monkeypatch):
-    monkeypatch.setattr(attention, "KEEP_MASK_MIN_NUMEL", 0)
+    monkeypatch.setattr(dropout_module, "KEEP_MASK_MIN_NUMEL", 0)
     torch.manual_seed(5)
     x = torch.rand(1000) + 1.0
     layer = Dropout(0.25)
@@ -299,8 +301,9 @@ def test_configured_adamw_steps_like_the_reference_loop():
     assert opt.defaults["fused"]
     ref_params = [p.detach().clone().requires_grad_() for p in lit.model.parameters()]
     index = {id(p): i for i, p in enumerate(lit.model.parameters())}
-    ref = torch.optim.AdamW([{"params": [ref_params[index[id(p)]] for p in g["params"]], "weight_decay": g["weight_decay"]}
-                             for g in opt.param_groups], lr=1e-2, foreach=False)
+    groups = [{"params": [ref_params[index[id(p)]] for p in g["params"]], "weight_decay": g["weight_decay"]}
+              for g in opt.param_groups]
+    ref = torch.optim.AdamW(groups, lr=1e-2, foreach=False)
     assert {g["weight_decay"] for g in opt.param_groups} == {0.0, 0.1}
     for _ in range(3):
         grads = [torch.randn_like(p) for p in ref_params]
@@ -321,5 +324,87 @@ def test_configured_adamw_steps_like_the_reference_loop():
 ])
 def test_which_shapes_take_the_chunked_path(b, t, dk, dv, p, expected):
     q, v = torch.empty(b, 4, t, dk), torch.empty(b, 4, t, dv)
-    assert attention._chunks_are_better(q, v, p) is expected
-    assert not attention._chunks_are_better(q.to("meta"), v.to("meta"), p)  # CPU only
+    assert chunked._chunks_are_better(q, v, p) is expected
+    assert not chunked._chunks_are_better(q.to("meta"), v.to("meta"), p)  # CPU only
+
+
+def test_sdpa_pads_small_keys_without_changing_the_result():
+    """On CUDA queries and keys are zero-padded to a multiple of 8 (the fused kernels' size): same values, same
+    gradients as unpadded, and both as the per-head loop."""
+    torch.manual_seed(20)
+    attn = MultiHeadSelfAttention(16, 4, key_dim=2, head_combine="add").eval()
+    _random_biases(attn)
+    x, mask = torch.randn(3, 9, 16, requires_grad=True), _mask([9, 4, 1], 9)
+    q, k, v = attn._project(x)
+    scale = 1 / math.sqrt(2)
+    outs = [attention._sdpa(q, k, v, mask[:, None, None, :], scale, 0.0, align=a) for a in (1, 8)]
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-6, rtol=1e-6)
+    grads = [torch.autograd.grad(o.square().sum(), x, retain_graph=True)[0] for o in outs]
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(attn.out_proj(attn._combine(outs[1])), _loop_attention(attn, x, mask), atol=1e-5,
+                               rtol=1e-5)
+
+
+def _weights_as_output(t: int) -> MultiHeadSelfAttention:
+    """One head whose projections are the identity: for inputs x_j = s_j e_j, output row i divided by s is the
+    row i of the (dropped and rescaled) attention weights, which makes the dropout mask visible."""
+    attn = MultiHeadSelfAttention(t, 1, key_dim=t, value_dim=t, dropout=0.25).train()
+    with torch.no_grad():
+        for lin in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj):
+            lin.weight.copy_(torch.eye(t))
+            lin.bias.zero_()
+    return attn
+
+
+def test_dropout_inside_torch_attention_has_the_right_rate_and_scale(monkeypatch):
+    """Where the fused kernel drops (CUDA; forced here on the CPU), it is the path taken, padded keys stay at 0,
+    and a kept weight is the softmax weight / (1 - p), a dropped one 0, at the rate p."""
+    monkeypatch.setattr(attention, "SDPA_DROPOUT_DEVICES", ("cpu",))
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **kw: calls.append(kw["dropout_p"]) or sdpa(*a, **kw))
+    t, p = 32, 0.25
+    attn = _weights_as_output(t)
+    torch.manual_seed(21)
+    scales = torch.rand(64, t) + 0.5
+    x, mask = torch.diag_embed(scales), _mask([32, 20] * 32, t)
+    out, _ = attn(x, mask)
+    out = out / scales[:, None, :]  # the weights
+    assert calls == [p]
+    expected = torch.softmax((x @ x.transpose(1, 2) / math.sqrt(t)).masked_fill(~mask[:, None], -math.inf), -1)
+    real = mask[:, None, :].expand(-1, t, -1)
+    assert torch.equal(out[~real], torch.zeros_like(out[~real]))
+    kept = out[real] != 0
+    torch.testing.assert_close(out[real][kept], expected[real][kept] / (1 - p), atol=1e-6, rtol=1e-5)
+    n = int(real.sum())
+    rate = 1 - kept.float().mean().item()
+    assert abs(rate - p) < 5 * math.sqrt(p * (1 - p) / n)
+    attn.eval()
+    torch.testing.assert_close(attn(x, mask)[0] / scales[:, None, :], expected, atol=1e-6, rtol=1e-5)
+
+
+def test_dropout_stays_out_of_torch_attention_on_the_cpu_and_when_deterministic(monkeypatch):
+    q = torch.empty(2, 1, 3, 4)
+    assert not attention._sdpa_drops(q)  # the CPU keeps keep_mask and the chunks
+    monkeypatch.setattr(attention, "SDPA_DROPOUT_DEVICES", ("cpu",))
+    assert attention._sdpa_drops(q)
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert not attention._sdpa_drops(q)  # trainer.deterministic=true: the explicit path, bit-identical reruns
+
+
+@pytest.mark.parametrize("head_combine", ["concat", "add"])
+def test_training_forward_traces_as_one_graph(head_combine):
+    """No graph break in a training forward with padding and dropout (what a CUDA-graph capture needs): the
+    attention asks no tensor for a Python value. Compiled with the eager backend, so no compiler is needed."""
+    torch.manual_seed(22)
+    model = TransformerClassifier(50, 3, embed_dim=16, num_heads=2, key_dim=2, head_combine=head_combine).train()
+    ids, mask = torch.randint(1, 50, (3, 7)), _mask([7, 5, 2], 7)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    logits = compiled(ids, mask).logits
+    logits.square().sum().backward()
+    assert logits.shape == (3, 3) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids, mask).logits, model(ids, mask).logits)

@@ -17,7 +17,8 @@ from .tokenizer import (
 )
 
 __all__ = [
-    "TextDataModule", "EpochShuffleSampler", "LengthBucketSampler", "KNOWN_DATASETS", "CLASSIC_DATASETS", "get_spec", "known_names",
+    "TextDataModule", "EpochShuffleSampler", "LengthBucketSampler", "KNOWN_DATASETS", "CLASSIC_DATASETS",
+    "get_spec", "known_names",
     "DataUnavailableError", "package_csv_path", "encode_texts", "load_tokenizer", "save_tokenizer",
     "tokenizer_from_str", "train_tokenizer", "SPECIAL_TOKENS", "PAD_ID", "UNK_ID", "CLS_ID", "SEP_ID",
 ]

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..cli import Interrupted
+from ..files import DiskFullError, free_space, is_disk_full
+from ..interrupts import workers_leave_ctrl_c_to_the_parent
 from . import prepare as P
 from . import sources as S
 from .cache import _hash_file
@@ -41,7 +45,8 @@ class CacheBuilder:
             spec = self.synthetic
             frame = generate(spec)
             log.info("[%s] source=synthetic task=%s: %d rows (seed=%d)", self.name, spec.task, len(frame), spec.seed)
-            return {"train": S.RawSplit(origin=f"the synthetic {spec.task!r} generator (seed={spec.seed})", frame=frame)}
+            origin = f"the synthetic {spec.task!r} generator (seed={spec.seed})"
+            return {"train": S.RawSplit(origin=origin, frame=frame)}
         if self.source == "local":
             raw = {"train": S.read_table(self.train_file, "train_file")}
             if self.validation_file:
@@ -90,7 +95,15 @@ class CacheBuilder:
         if procs:
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
         try:
-            return ds.map(fn, batched=True, batch_size=1000, num_proc=procs, **kw)
+            if not procs:
+                return ds.map(fn, batched=True, batch_size=1000, num_proc=procs, **kw)
+            with workers_leave_ctrl_c_to_the_parent() as ctrl_c:  # the parent's KeyboardInterrupt, no worker's
+                try:
+                    return ds.map(fn, batched=True, batch_size=1000, num_proc=procs, **kw)
+                except BaseException:
+                    if ctrl_c.pressed:  # datasets waits for the pool in a `finally` and raises a TimeoutError
+                        raise KeyboardInterrupt from None
+                    raise
         finally:
             if procs:
                 if saved is None:
@@ -113,12 +126,24 @@ class CacheBuilder:
         return self._map(raw.dataset, join, remove_columns=raw.dataset.column_names, desc=f"join text {split}")
 
     def _build(self, out: Path) -> None:
+        """Build into ``out`` (a temporary folder that the caller renames, or removes on any failure). Ctrl-C and a
+        full disk end with one line: :class:`~..cli.Interrupted` (exit status 130) or
+        :class:`~..files.DiskFullError`."""
         from datasets.utils import logging as dlog
 
         bars = dlog.is_progress_bar_enabled()
         dlog.disable_progress_bar()
         try:
             self._build_inner(out)
+        except KeyboardInterrupt:
+            raise Interrupted(signal.SIGINT, f"Ctrl-C while building the tokenized data of {self.name!r}: nothing was "
+                              f"kept in the cache ({self.cache_dir}); run the command again to build it.") from None
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            raise DiskFullError(f"the disk is full: building the tokenized data of {self.name!r} in {out.parent} "
+                                f"failed ({free_space(out.parent)} free on that disk; the partial copy is removed). "
+                                "Free space there, or pass a paths.cache_dir=DIR on a disk with room.") from None
         finally:
             if bars:
                 dlog.enable_progress_bar()
@@ -137,7 +162,8 @@ class CacheBuilder:
             P.check_columns(r, fields, label_field)
             if self.rationale_field and self.rationale_field not in r.columns:
                 raise ValueError(f"rationale_field={self.rationale_field!r} not found in {r.origin}; columns found: "
-                                 f"{r.columns}. Set data.rationale_field to the column holding the rationales (or null).")
+                                 f"{r.columns}. Set data.rationale_field to the column holding the rationales "
+                                 "(or null).")
         t1 = time.perf_counter()
         self.timings["read"] = t1 - t0
 
@@ -154,7 +180,8 @@ class CacheBuilder:
             keep = pc.greater(pc.utf8_length(ds.data.column("text")), 0).to_numpy(zero_copy_only=False)
             n_drop = int((~keep).sum())
             if n_drop:
-                log.warning("[%s] dropped %d row(s) with empty/NaN text from the %s split (%s)", self.name, n_drop, s, r.origin)
+                log.warning("[%s] dropped %d row(s) with empty/NaN text from the %s split (%s)", self.name, n_drop, s,
+                            r.origin)
                 ds = ds.select(np.flatnonzero(keep))
             part_labels[s] = np.asarray(ids[s])[keep]
             if len(ds) == 0:
@@ -185,7 +212,8 @@ class CacheBuilder:
                         f"provide a {s} file/split or more data."
                     )
                 parts[s] = train.select(idx[s])
-                split_how[s] = f"carved from train: stratified, seed={self.split_seed}, fraction={f}, {len(idx[s])} of {n_train} rows"
+                split_how[s] = (f"carved from train: stratified, seed={self.split_seed}, fraction={f}, "
+                                f"{len(idx[s])} of {n_train} rows")
             parts["train"] = train.select(idx["rest"])
             split_how["train"] = f"remaining {len(idx['rest'])} of {n_train} rows"
         if self.limit_train_examples and len(parts["train"]) > self.limit_train_examples:
@@ -255,8 +283,10 @@ class CacheBuilder:
             "truncated": {s: int((v >= max_len).sum()) for s, v in lengths.items()},
         }
         if self.rationale_field:
-            meta["rows_with_rationale"] = {s: int(pc.sum(pc.greater(pc.list_value_length(d.data.column("rationale")), 0)).as_py() or 0)
-                                           for s, d in tokenized.items()}
+            def with_rationale(d) -> int:
+                return int(pc.sum(pc.greater(pc.list_value_length(d.data.column("rationale")), 0)).as_py() or 0)
+
+            meta["rows_with_rationale"] = {s: with_rationale(d) for s, d in tokenized.items()}
         meta["checksums"] = {f.relative_to(out).as_posix(): _hash_file(f)
                              for f in sorted(out.rglob("*")) if f.is_file()}
         (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str))

@@ -12,8 +12,8 @@ import xxhash
 
 CACHE_VERSION = 2  # the cache's layout (2: content-hashed key, checksums in meta.json)
 # The modules whose code decides what lands in the cache: a change to any of them is a new cache entry.
-_PREPARATION_CODE = ("build.py", "cache.py", "datamodule.py", "prepare.py", "rationales.py", "registry.py", "sources.py",
-                     "synthetic.py", "tokenizer.py")
+_PREPARATION_CODE = ("build.py", "cache.py", "datamodule.py", "prepare.py", "rationales.py", "registry.py",
+                     "sources.py", "synthetic.py", "tokenizer.py")
 
 
 def _hash_file(path: Path) -> str:
@@ -90,4 +90,5 @@ def check_buildable(entry: Path, cache_dir: Path, name: str, problem: str) -> No
     if not writable(base):
         why = "it is not built yet" if problem == "missing" else f"the cached copy is damaged: {problem}"
         raise ValueError(f"the tokenized data of {name!r} must be built ({why}), but the cache folder {base} is not "
-                         "writable: pass a writable paths.cache_dir=DIR (or build the cache once where it is writable).")
+                         "writable: pass a writable paths.cache_dir=DIR (or build the cache once where it is "
+                         "writable).")

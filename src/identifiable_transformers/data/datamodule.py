@@ -8,7 +8,6 @@ import logging
 import os
 import shutil
 import uuid
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from . import sources as S
+from .batching import bucket_lengths
 from .build import SPLITS as _SPLITS
 from .build import CacheBuilder
 from .cache import (  # noqa: F401  (re-exported: tests and callers import them from here)
@@ -29,11 +29,12 @@ from .cache import (  # noqa: F401  (re-exported: tests and callers import them 
     check_buildable,
     preparation_version,
 )
-from .rationales import RationaleAccess, rationale_mask
+from .loaders import Batching
+from .rationales import RationaleAccess
 from .registry import KNOWN_DATASETS, get_spec
-from .samplers import EpochShuffleSampler, LengthBucketSampler
+from .samplers import EpochShuffleSampler, LengthBucketSampler  # noqa: F401  (re-exported by data/__init__)
 from .synthetic import SyntheticSpec
-from .tokenizer import CLS_ID, PAD_ID, load_tokenizer, pad_batch, save_tokenizer
+from .tokenizer import CLS_ID, PAD_ID, load_tokenizer, save_tokenizer
 
 log = logging.getLogger("identifiable_transformers.data")
 
@@ -53,7 +54,7 @@ def _plain(x: Any) -> Any:
 
 
 
-class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
+class TextDataModule(CacheBuilder, RationaleAccess, Batching, pl.LightningDataModule):
     """Text classification data: see ``docs/data.md`` for the full description."""
 
     def __init__(
@@ -96,6 +97,10 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
         hub_probe_timeout: float = 2.0,
         rationale_field: str | None = None,
         synthetic: Mapping[str, Any] | None = None,
+        # fixed shapes for CUDA graphs, and batches made on the device (docs/performance.md)
+        static_shapes: bool = False,
+        length_buckets: Sequence[int] | None = None,
+        on_device: bool = False,
     ) -> None:
         super().__init__()
         if source not in SOURCES:
@@ -148,6 +153,11 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
         if int(num_workers) < 0:
             raise ValueError(f"num_workers={num_workers} must be >= 0: set data.num_workers=0 (load in the main "
                              "process) or a number of worker processes.")
+        if on_device and int(num_workers) > 0:
+            raise ValueError(f"data.on_device=true batches on the device and starts no worker process: set "
+                             f"data.num_workers=0 (got {num_workers}).")
+        self.static_shapes, self.on_device = bool(static_shapes), bool(on_device)
+        self.length_buckets = bucket_lengths(int(max_length), _plain(length_buckets))  # checks them
         if num_classes is not None and int(num_classes) < 2:
             raise ValueError(f"num_classes={num_classes} must be >= 2 (or null to infer it from the data).")
         self.name = name
@@ -155,7 +165,8 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
         self.hub_id, self.hub_config, self.hub_revision = hub_id, hub_config, hub_revision
         self.hf_cache_dir = hf_cache_dir
         self.package_subset = package_subset
-        self.data_dir, self.train_file, self.validation_file, self.test_file = data_dir, train_file, validation_file, test_file
+        self.data_dir, self.train_file = data_dir, train_file
+        self.validation_file, self.test_file = validation_file, test_file
         self.classic_columns = [str(c) for c in _plain(classic_columns)] if classic_columns else None
         self.text_fields = [str(f) for f in text_fields]
         self.text_separator = str(text_separator)
@@ -169,7 +180,8 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
         self.max_length, self.vocab_size_cap, self.min_frequency = int(max_length), int(vocab_size), int(min_frequency)
         self.batch_size = int(batch_size)
         self.eval_batch_size = int(eval_batch_size) if eval_batch_size is not None else self.batch_size
-        self.num_workers, self.length_bucketing, self.pin_memory = int(num_workers), bool(length_bucketing), bool(pin_memory)
+        self.num_workers, self.length_bucketing = int(num_workers), bool(length_bucketing)
+        self.pin_memory = bool(pin_memory)
         self.cache_dir = Path(os.path.expanduser(str(cache_dir)))
         self.limit_train_examples = int(limit_train_examples) if limit_train_examples else None
         self.tokenizer_file = tokenizer_file
@@ -188,6 +200,7 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
         self._fingerprints: dict[str | None, Any] = {}
         self._verified: Path | None = None  # the cache entry prepare_data() has checked
         self._resume: dict[str, int] | None = None
+        self._on_device: dict[tuple, dict[str, torch.Tensor]] = {}  # data.on_device: split tensors per device
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -245,7 +258,8 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
             p = Path(os.path.expanduser(self.tokenizer_file))
             tok = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else str(p)
         return {
-            "version": CACHE_VERSION, "code": preparation_version(), "name": self.name, "source": self.source, "src": src,
+            "version": CACHE_VERSION, "code": preparation_version(), "name": self.name, "source": self.source,
+            "src": src,
             "text_fields": self.text_fields, "text_separator": self.text_separator,
             "label_field": self.label_field, "label_names": self._given_label_names,
             "num_classes": self._given_num_classes, "splits": self.splits,
@@ -274,7 +288,8 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
             return
         check_buildable(final, self.cache_dir, self.name, problem)  # a read-only cache is only ever read (above)
         if problem != "missing":
-            log.warning("[%s] the cached tokenized data at %s is damaged (%s): rebuilding it", self.name, final, problem)
+            log.warning("[%s] the cached tokenized data at %s is damaged (%s): rebuilding it",
+                        self.name, final, problem)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         try:
@@ -308,65 +323,6 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
         self.test_dataset = dd["test"] if "test" in dd else None
         self._loaded_dir = final
 
-    # ------------------------------------------------------------------ batching
-    def collate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        """Pad to the longest example of the batch; mask True on real tokens (and, with rationales,
-        ``rationale_mask`` True on rationale tokens, padded alike)."""
-        ids, mask = pad_batch([r["input_ids"] for r in rows], self.pad_id)
-        batch = {"input_ids": ids, "attention_mask": mask,
-                 "labels": torch.tensor([int(r["labels"]) for r in rows], dtype=torch.long)}
-        if rows and "rationale" in rows[0]:
-            batch["rationale_mask"] = rationale_mask([r["rationale"] for r in rows], ids.shape[1])
-        return batch
-
-    def _shard(self) -> tuple[int, int]:
-        """(rank, world_size) of this process; the datamodule shards every split itself."""
-        trainer = self.trainer
-        if trainer is not None and trainer.world_size > 1:
-            if trainer._accelerator_connector.use_distributed_sampler:
-                raise ValueError("TextDataModule shards the data across ranks itself (exactly resumable, length "
-                                 "bucketing kept); build the Trainer with use_distributed_sampler=False, as "
-                                 "conf/trainer/default.yaml does.")
-            return trainer.global_rank, trainer.world_size
-        return 0, 1
-
-    def _loader(self, ds, batch_size: int, train: bool) -> DataLoader:
-        rank, world = self._shard()
-        if train and self.length_bucketing:
-            lengths = __import__("pyarrow.compute", fromlist=["x"]).list_value_length(ds.data.column("input_ids")).to_numpy()
-            sampler = LengthBucketSampler(lengths, batch_size, seed=self.shuffle_seed, rank=rank, world_size=world)
-        else:
-            sampler = EpochShuffleSampler(len(ds), seed=self.shuffle_seed, shuffle=train, rank=rank, world_size=world)
-        if train and self._resume is not None:
-            self._resume_sampler(sampler, world)
-        # Its own generator: creating an iterator would otherwise draw from the global torch RNG and shift
-        # the dropout masks of a run resumed mid-epoch.
-        return DataLoader(ds, batch_size=batch_size, sampler=sampler, collate_fn=self.collate,
-                          num_workers=self.num_workers, pin_memory=self.pin_memory,
-                          persistent_workers=self.num_workers > 0,
-                          generator=torch.Generator().manual_seed(self.shuffle_seed))
-
-    def _resume_sampler(self, sampler: EpochShuffleSampler, world: int) -> None:
-        position, self._resume = self._resume, None
-        if position["world_size"] != world:
-            warnings.warn(f"the checkpoint was written by {position['world_size']} rank(s), this run has {world}: "
-                          f"epoch {position['epoch']} restarts from its first batch instead of resuming exactly.",
-                          stacklevel=3)
-            sampler.set_epoch(position["epoch"])
-            return
-        sampler.resume_at(position["epoch"], position["samples"])
-
-    def _train_position(self) -> dict[str, int] | None:
-        """Where training stands in the data: the epoch and how many samples of it this rank has used."""
-        trainer = self.trainer
-        if trainer is None or trainer.state.fn != "fit" or trainer.num_training_batches in (0, float("inf")):
-            return None
-        epoch = trainer.current_epoch
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # training steps run this epoch
-        if done >= trainer.num_training_batches:
-            epoch, done = epoch + 1, 0
-        return {"epoch": epoch, "samples": done * self.batch_size, "world_size": trainer.world_size}
-
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")
         return self._loader(self.train_dataset, self.batch_size, train=True)
@@ -380,7 +336,8 @@ class TextDataModule(CacheBuilder, RationaleAccess, pl.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         self.setup("test")
         if self.test_dataset is None:
-            raise ValueError(f"[{self.name}] has no test split; set data.test_file, data.splits.test or data.test_fraction.")
+            raise ValueError(f"[{self.name}] has no test split; set data.test_file, data.splits.test or "
+                             "data.test_fraction.")
         return self._loader(self.test_dataset, self.eval_batch_size, train=False)
 
     def predict_dataloader(self) -> DataLoader:

@@ -230,7 +230,8 @@ def build_label_ids(
                             "data.label_names=null to map the distinct values to 0..C-1."
                         )
                 ids = arrs
-                how = "integer class ids" + (f" (1-based in the file, shifted by -{label_offset})" if label_offset else "")
+                shifted = f" (1-based in the file, shifted by -{label_offset})" if label_offset else ""
+                how = "integer class ids" + shifted
             else:
                 uniq = sorted({int(x) for a in arrs.values() for x in np.unique(a)})
                 if uniq == list(range(len(uniq))):

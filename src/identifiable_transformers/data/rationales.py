@@ -130,7 +130,8 @@ class RationaleAccess:
         if split not in datasets:
             raise ValueError(f"split={split!r} is not one of {list(datasets)}.")
         if not self.has_rationales:
-            raise ValueError(f"[{self.name}] has no rationales: set data.rationale_field to the column that holds them.")
+            raise ValueError(f"[{self.name}] has no rationales: "
+                             "set data.rationale_field to the column that holds them.")
         ds = datasets[split]
         if ds is None:
             raise ValueError(f"[{self.name}] has no {split} split.")

@@ -21,8 +21,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-#: conf/data of the repository checkout this package lives in (src/identifiable_transformers/data/..)
-CONF_DIR = Path(__file__).resolve().parents[3] / "conf" / "data"
+#: the package's conf/data: in a clone, src/identifiable_transformers/conf links to the checkout's conf/; an
+#: installed wheel carries a copy (pyproject.toml's package-data)
+CONF_DIR = Path(__file__).parents[1] / "conf" / "data"
 #: keys of a composed data config that say nothing about the dataset itself
 NOT_SPEC = ("_target_", "name", "cache_dir")
 
@@ -52,7 +53,8 @@ def load_specs(conf_dir: Path = CONF_DIR) -> dict[str, dict[str, Any]]:
     if not conf_dir.is_dir():
         raise FileNotFoundError(
             f"the dataset configs are missing: {conf_dir} is not a directory. The registry reads "
-            "conf/data/*.yaml of the repository checkout; run from a full clone (pip install -e .)."
+            "conf/data/*.yaml, which the package carries (a link to the checkout's conf/ in a clone): reinstall "
+            "it (pip install . or pip install -e .) from a full clone."
         )
     specs = {}
     for path in sorted(conf_dir.glob("*.yaml")):

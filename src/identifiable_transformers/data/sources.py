@@ -313,7 +313,8 @@ def proxy_reachable(proxy: str, url: str, timeout: float = 2.0) -> bool | None:
         good = range(100, 500)
 
     def probe() -> bool:
-        with socket.create_connection((p.hostname, p.port or (443 if p.scheme == "https" else 80)), timeout=timeout) as s:
+        port = p.port or (443 if p.scheme == "https" else 80)
+        with socket.create_connection((p.hostname, port), timeout=timeout) as s:
             if p.scheme == "https":
                 s = ssl.create_default_context().wrap_socket(s, server_hostname=p.hostname)
             s.sendall(request.encode())

@@ -14,7 +14,7 @@ The callbacks are imported lazily so that ``import identifiable_transformers.dia
 from . import maths
 from .maths import *  # noqa: F403 - the maths is the package's public API
 
-__all__ = [*maths.__all__, "FaithfulnessCallback", "IdentifiabilityCallback"]
+__all__ = [*maths.__all__, "FaithfulnessCallback", "IdentifiabilityCallback"]  # noqa: F405 (lazy, below)
 
 
 def __getattr__(name):

@@ -23,6 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import dropout as _dropout
+from .chunked import _ChunkedAttention, _chunks_are_better
+from .dropout import Dropout, keep_mask  # noqa: F401  (re-exported: classifier.py and tests import them here)
+
 HEAD_COMBINES = ("concat", "add")
 
 # (weights (B, H, T, T), key_padding_mask (B, T) bool or None) -> weights (B, H, T, T)
@@ -72,18 +76,10 @@ def resolve_head_dims(
 
 
 def _has_padding(key_padding_mask: torch.Tensor | None) -> bool:
-    """Whether the mask hides any key (under torch.compile: whether there is a mask, to avoid a graph break)."""
-    if key_padding_mask is None:
-        return False
-    return torch.compiler.is_compiling() or not bool(key_padding_mask.all())
-
-
-def _dropout_threshold(p: float) -> tuple[int, float]:
-    """The 16-bit threshold under which an entry is dropped, and the scale 1 / (1 - rate) of the kept ones."""
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {p}")
-    threshold = min(round(p * 2**16), 2**16 - 1)
-    return threshold, 1.0 / (1.0 - threshold / 2**16)
+    """Whether there is a mask to apply. A mask that hides no key is applied all the same: asking the tensor
+    whether it hides any (``bool(mask.all())``) would make the host wait for the device inside every step,
+    which breaks CUDA-graph capture and ``torch.compile(fullgraph=True)`` (docs/performance.md)."""
+    return key_padding_mask is not None
 
 
 def _key_bias(key_padding_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -98,168 +94,33 @@ def _key_bias(key_padding_mask: torch.Tensor | None, dtype: torch.dtype) -> torc
     return bias.masked_fill_(~key_padding_mask[:, None], -math.inf)
 
 
-def random_bits(shape: torch.Size, device: torch.device | None = None) -> torch.Tensor:
-    """Uniform int16 of the given shape, four per 64-bit draw of torch's generator (``manual_seed`` governs it)."""
-    n = math.prod(shape)
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)
-    return bits.view(torch.int16)[:n].view(shape)
+# Devices where a training step's dropout runs inside torch's fused attention. Not the CPU: there torch falls back
+# to its math kernel with one ``bernoulli_`` draw per weight, which the chunks and keep_mask beat (docs/performance.md).
+SDPA_DROPOUT_DEVICES = ("cuda",)
 
 
-def keep_mask(
-    shape: torch.Size, p: float, device: torch.device | None = None, dtype: torch.dtype = torch.bool
-) -> tuple[torch.Tensor, float]:
-    """A dropout keep-mask (True or 1 = kept) of the given shape and the scale 1 / (1 - rate) for the kept entries.
+def _sdpa_drops(q: torch.Tensor) -> bool:
+    """Whether dropout may run inside torch's fused attention for these queries.
 
-    Each entry is drawn from 16 random bits (``random_bits``): the rate is ``p`` rounded to a multiple
-    of 1/65536 (0.1 -> 0.100006) and the scale uses that exact rate, so the expectation is unchanged.
-    On CPU this is several times cheaper than ``torch.bernoulli_``, which costs a sixth of a training
-    step at 512 tokens (docs/performance.md). The layers ask for a 0/1 float mask (``dtype``): on CPU a
-    product with it is several times faster than ``torch.where`` or a product with a bool mask.
+    Not under ``torch.use_deterministic_algorithms`` (``trainer.deterministic=true``): the fused kernels'
+    backward (memory-efficient attention) is not deterministic, and the explicit path keeps reruns bit-identical.
     """
-    threshold, scale = _dropout_threshold(p)
-    return _keep(random_bits(shape, device), threshold, dtype), scale
+    return q.device.type in SDPA_DROPOUT_DEVICES and not torch.are_deterministic_algorithms_enabled()
 
 
-def _keep(bits: torch.Tensor, threshold: int, dtype: torch.dtype) -> torch.Tensor:
-    """keep_mask's mask for these random bits, as ``dtype`` (the comparison writes it directly)."""
-    kept = torch.empty(bits.shape, dtype=dtype, device=bits.device)
-    return torch.ge(bits, threshold - 2**15, out=kept)  # int16 is uniform on [-2^15, 2^15)
+def _sdpa(q, k, v, mask, scale: float, p: float, align: int | None = None) -> torch.Tensor:
+    """``scaled_dot_product_attention`` of the (B, H, T, d) projections, dropout ``p`` inside the kernel.
 
-
-# Below this many entries torch's own dropout is used: on small tensors keep_mask's extra ops cost more than
-# they save (bench_model.py --quick ran at 0.46x of torch's layer with keep_mask everywhere, 1.33x without).
-KEEP_MASK_MIN_NUMEL = 2**20
-
-
-def _torch_dropout_is_better(x: torch.Tensor) -> bool:
-    # Under torch.compile inductor draws its own random numbers inside the fused kernel.
-    return torch.compiler.is_compiling() or x.numel() < KEEP_MASK_MIN_NUMEL
-
-
-def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
-    """``F.dropout``, with the cheaper mask of ``keep_mask`` for large tensors."""
-    if not training or p == 0.0:
-        return x
-    if _torch_dropout_is_better(x):
-        return F.dropout(x, p)
-    keep, scale = keep_mask(x.shape, p, x.device, x.dtype)
-    return x * keep.mul_(scale)
-
-
-class Dropout(nn.Dropout):
-    """``nn.Dropout`` drawing its mask with ``keep_mask`` (same ``p``, same state: none)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dropout(x, self.p, self.training)
-
-
-# Each chunk of _ChunkedAttention holds about this many bytes of (T, T) weights: a core's share of L2 cache.
-ATTENTION_CHUNK_BYTES = 2**21
-
-
-def _chunks(b: int, h: int, t: int, itemsize: int) -> list[tuple[slice, slice]]:
-    """(examples, heads) slices covering (B, H), each about ATTENTION_CHUNK_BYTES of (T, T) weights."""
-    m = max(1, ATTENTION_CHUNK_BYTES // (t * t * itemsize))  # (T, T) matrices per chunk
-    if m >= h:
-        rows = m // h
-        return [(slice(i, min(b, i + rows)), slice(0, h)) for i in range(0, b, rows)]
-    return [(slice(i, i + 1), slice(j, min(h, j + m))) for i in range(b) for j in range(0, h, m)]
-
-
-def _heads(x: torch.Tensor, rows: slice, heads: slice) -> torch.Tensor:
-    """(B, T, H, d) -> the chunk's (G*Hc, T, d), contiguous."""
-    c = x[rows, :, heads].transpose(1, 2)
-    return c.reshape(-1, *c.shape[2:])
-
-
-def _chunks_are_better(q: torch.Tensor, v: torch.Tensor, p: float) -> bool:
-    """Whether _ChunkedAttention beats the other paths for these (B, H, T, dk) queries, values and dropout.
-
-    It is written for CPU caches. Under torch.compile inductor fuses the whole-tensor path itself. For
-    small tensors (under KEEP_MASK_MIN_NUMEL weights) the whole-tensor path, which fits in cache anyway,
-    has less fixed cost. Without dropout and with equal key and value sizes, torch's fused CPU kernel
-    (``scaled_dot_product_attention``) is faster; with dropout or unequal sizes torch falls back to its
-    math kernel, which the chunks beat by 2.5-4x at 512 tokens (docs/performance.md).
+    torch's fused CUDA kernels need head sizes that are multiples of 8 (else it takes its slow math kernel),
+    and the paper's keys are 1 or 2 wide: queries and keys are padded with zeros up to a multiple of ``align``
+    (8 on CUDA, 1 elsewhere), which leaves every dot product, hence the logits (scaled by the given
+    ``scale``), unchanged.
     """
-    b, h, t, dk = q.shape
-    return q.device.type == "cpu" and b * h * t * t >= KEEP_MASK_MIN_NUMEL and (p > 0.0 or dk != v.shape[-1])
-
-
-class _ChunkedAttention(torch.autograd.Function):
-    """Attention (with dropout when training) computed a few (T, T) matrices at a time.
-
-    Same maths and same random draws as the explicit path of ``MultiHeadSelfAttention.forward``:
-    softmax(q k^T * scale + bias), dropout with ``keep_mask``, weights @ v, heads concatenated or
-    summed. Chunk by chunk, the logits, weights, mask and their gradients stay in cache, and no
-    (B, H, T, T) float tensor is allocated: only the random bits of the mask (2 bytes per weight) are
-    saved, and the backward recomputes each chunk's weights from q and k (docs/performance.md).
-
-    q, k: (B, T, H, dk) and v: (B, T, H, dv), the projections' views; bias: (B, 1, T), 0 or -inf per
-    key, or None. Returns (B, T, H*dv) for concat or (B, T, dv) for add.
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, v, bias, scale: float, p: float, combine: str):
-        b, t, h, _ = q.shape
-        dv = v.shape[-1]
-        threshold, drop_scale = _dropout_threshold(p)
-        bits = random_bits(torch.Size([b, h, t, t]), q.device) if p > 0 else None
-        out = q.new_empty(b, t, h, dv) if combine == "concat" else q.new_empty(b, t, dv)
-        for rows, heads in _chunks(b, h, t, q.element_size()):
-            weights = _ChunkedAttention._softmax(_heads(q, rows, heads), _heads(k, rows, heads), bias, scale, rows, heads)
-            if bits is not None:
-                weights = weights.mul_(_keep(bits[rows, heads], threshold, q.dtype).flatten(0, 1))
-            chunk = torch.bmm(weights, _heads(v, rows, heads))
-            if drop_scale != 1.0:
-                chunk = chunk.mul_(drop_scale)
-            chunk = chunk.view(-1, heads.stop - heads.start, t, dv)
-            if combine == "concat":
-                out[rows, :, heads] = chunk.transpose(1, 2)
-            elif heads.start == 0:
-                torch.sum(chunk, 1, out=out[rows])
-            else:
-                out[rows] += chunk.sum(1)
-        ctx.save_for_backward(q, k, v, bias, bits)
-        ctx.scale, ctx.threshold, ctx.drop_scale, ctx.combine = scale, threshold, drop_scale, combine
-        return out.flatten(2) if combine == "concat" else out
-
-    @staticmethod
-    def _softmax(qc, kc, bias, scale, rows, heads) -> torch.Tensor:
-        """The chunk's softmax weights (G*Hc, T, T) from its queries and keys (G*Hc, T, dk)."""
-        if bias is None:
-            return torch.bmm(qc, kc.transpose(1, 2)).mul_(scale).softmax(-1)
-        hc = heads.stop - heads.start
-        b = bias[rows, None].expand(-1, hc, 1, -1).reshape(qc.shape[0], 1, -1)
-        return torch.baddbmm(b, qc, kc.transpose(1, 2), alpha=scale).softmax(-1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        q, k, v, bias, bits = ctx.saved_tensors
-        scale, threshold, drop_scale, combine = ctx.scale, ctx.threshold, ctx.drop_scale, ctx.combine
-        b, t, h, _ = q.shape
-        dv = v.shape[-1]
-        grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        if combine == "concat":
-            grad = grad.reshape(b, t, h, dv)
-        for rows, heads in _chunks(b, h, t, q.element_size()):
-            g, hc = len(range(b)[rows]), heads.stop - heads.start
-            # d(loss)/d(the chunk's head outputs), times dropout's scale, as (G*Hc, T, dv)
-            g_out = grad[rows, :, heads].transpose(1, 2) if combine == "concat" else grad[rows, None].expand(g, hc, t, dv)
-            g_out = torch.mul(g_out, drop_scale, out=q.new_empty(g, hc, t, dv)).flatten(0, 1)
-            qc, kc = _heads(q, rows, heads), _heads(k, rows, heads)
-            weights = _ChunkedAttention._softmax(qc, kc, bias, scale, rows, heads)
-            g_w = torch.bmm(g_out, _heads(v, rows, heads).transpose(1, 2))  # d(loss)/d(dropped weights)
-            if bits is None:
-                dropped = weights
-            else:
-                keep = _keep(bits[rows, heads], threshold, q.dtype).flatten(0, 1)
-                dropped = weights * keep
-                g_w = g_w.mul_(keep)
-            grad_v[rows, :, heads] = torch.bmm(dropped.transpose(1, 2), g_out).view(g, hc, t, dv).transpose(1, 2)
-            g_logits = torch._softmax_backward_data(g_w, weights, -1, weights.dtype).mul_(scale)
-            grad_q[rows, :, heads] = torch.bmm(g_logits, kc).view(g, hc, t, -1).transpose(1, 2)
-            grad_k[rows, :, heads] = torch.bmm(g_logits.transpose(1, 2), qc).view(g, hc, t, -1).transpose(1, 2)
-        return grad_q, grad_k, grad_v, None, None, None, None
+    align = (8 if q.device.type == "cuda" else 1) if align is None else align
+    if q.shape[-1] % align:
+        pad = (0, align - q.shape[-1] % align)
+        q, k = F.pad(q, pad), F.pad(k, pad)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scale)
 
 
 @torch.compiler.disable  # under torch.compile: a graph break, the chunks run eagerly between compiled parts
@@ -337,10 +198,11 @@ class MultiHeadSelfAttention(nn.Module):
         if not weights_used and _chunks_are_better(q, v, p):
             combined = _chunked_attention(q, k, v, key_padding_mask, 1 / math.sqrt(self.key_dim), p, self.head_combine)
             return self.out_proj(combined), None
-        if not weights_used and p == 0.0:
-            # No weights to show, change or drop: torch's fused attention (its own kernel choice).
+        if not weights_used and (p == 0.0 or _sdpa_drops(q)):
+            # No weights to show or change: torch's fused attention (its own kernel choice), on CUDA with the
+            # dropout inside the kernel.
             mask = key_padding_mask[:, None, None, :] if _has_padding(key_padding_mask) else None
-            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(self.key_dim))
+            heads = _sdpa(q, k, v, mask, 1 / math.sqrt(self.key_dim), p)
             return self.out_proj(self._combine(heads)), None
         weights = self._weights(q, k, key_padding_mask)
         if self.weights_hook is not None:
@@ -358,7 +220,7 @@ class MultiHeadSelfAttention(nn.Module):
         """Dropout on the weights without its 1/(1 - p) scale, and that scale."""
         if p == 0.0:
             return weights, 1.0
-        if _torch_dropout_is_better(weights):
+        if _dropout._torch_dropout_is_better(weights):
             return F.dropout(weights, p), 1.0
         keep, scale = keep_mask(weights.shape, p, weights.device, weights.dtype)
         return weights * keep, scale

@@ -155,7 +155,8 @@ class TransformerClassifier(nn.Module):
             self.register_buffer("position_table", sinusoidal_positions(max_len, embed_dim), persistent=False)
         self.embed_dropout = Dropout(dropout)
         self.layers = nn.ModuleList(
-            EncoderLayer(embed_dim, num_heads, key_dim, value_dim, head_combine, ffn_dim, dropout, activation, norm_first)
+            EncoderLayer(embed_dim, num_heads, key_dim, value_dim, head_combine, ffn_dim, dropout, activation,
+                         norm_first)
             for _ in range(num_layers)
         )
         self.final_norm = nn.LayerNorm(embed_dim) if norm_first else nn.Identity()

@@ -1,4 +1,5 @@
-"""Aggregate a sweep: python -m identifiable_transformers.report SWEEP_DIR [--out DIR] [--no-key-aware] [--cache-dir DIR]
+"""Aggregate a sweep: python -m identifiable_transformers.report SWEEP_DIR [--out DIR] [--overwrite] [--no-key-aware]
+[--key-aware-lengths N,N,...] [--cache-dir DIR]
 
 Reads every job's ``metrics.json`` under SWEEP_DIR and writes ``results.csv`` (one row per job, every
 ``val/faith/*`` metric included), ``results.md`` (mean ± std per configuration) and plots of accuracy
@@ -7,7 +8,8 @@ and identifiability against the key size. When the runs logged the faithfulness 
 configuration and explainer) and ``seed_agreement.md``/``.csv`` (Jensen-Shannon divergence between the
 seeds' explanations of the same probe examples, from each run's ``identifiability/explanations.json``).
 ``key_aware.md``/``.csv`` tabulate the docs/identifiability.md 2.5 key-aware count of alternatives per
-configuration and input length (``--key-aware-lengths``, default 16,64,256), beside matched random heads,
+configuration and input length (``--key-aware-lengths``; by default n, n/4 and n/16 with n the runs' longest
+validation example, :func:`.run_files.default_key_aware_lengths`), beside matched random heads,
 with the key-aware identifiable length per configuration (``key_aware_length.csv``) and
 ``key_aware_vs_length.png``; the counts of each best checkpoint go to ``<run>/identifiability/key_aware.json``
 when missing or counted at other lengths (``--no-key-aware``: use only the files already there).
@@ -15,11 +17,15 @@ when missing or counted at other lengths (``--no-key-aware``: use only the files
 A checkpoint is someone else's file: the runs' data is rebuilt from the data settings it holds as
 plain ``TextDataModule`` arguments (:func:`identifiable_transformers.checkpoint.data_module_from_checkpoint`),
 never by instantiating its ``_target_``; a refused checkpoint skips that run's key-aware count with a
-warning. A user mistake ends with one ``Error: ...`` line and exit status 1.
+warning. A damaged explanations.json or key_aware.json leaves its run out of the table it feeds, with a warning
+naming the run and the file; a metrics.json with a non-number metric skips its run with a warning. A report is never
+written over an earlier one without ``--overwrite``. A user mistake ends with one ``Error: ...`` line and exit
+status 1.
 
 One idea per module: :mod:`.runs` (loading the runs, the results table), :mod:`.markdown` (the
 markdown tables), :mod:`.faithfulness` (faithfulness table, seed agreement), :mod:`.key_aware` (the
-key-aware count per checkpoint and its table), :mod:`.plots`, :mod:`.cli` (arguments and ``main``).
+key-aware count per checkpoint and its table), :mod:`.run_files` (the per-run files beside metrics.json: their
+checks, the default key-aware lengths), :mod:`.plots`, :mod:`.cli` (arguments and ``main``).
 """
 
 from .cli import main
@@ -36,9 +42,11 @@ from .faithfulness import (
 from .key_aware import KEY_AWARE_LENGTHS, ensure_key_aware, key_aware_counts, key_aware_lengths, key_aware_table
 from .markdown import markdown_table
 from .plots import plot, plot_key_aware
+from .run_files import default_key_aware_lengths
 from .runs import COLUMNS, GROUP, ReportWarning, failed_jobs, load_runs, summarise, to_markdown
 
 __all__ = ["COLUMNS", "DISTRIBUTION_EXPLAINERS", "EXPLAINER_ORDER", "FAITH_KEY", "FAITH_METRICS", "GROUP",
-           "KEY_AWARE_LENGTHS", "ReportWarning", "ensure_key_aware", "failed_jobs", "faithfulness_table", "js_divergence", "key_aware_counts",
-           "key_aware_lengths", "key_aware_table", "load_explanations", "load_runs", "main", "markdown_table", "plot", "plot_key_aware", "seed_agreement",
+           "KEY_AWARE_LENGTHS", "ReportWarning", "default_key_aware_lengths", "ensure_key_aware", "failed_jobs",
+           "faithfulness_table", "js_divergence", "key_aware_counts", "key_aware_lengths", "key_aware_table",
+           "load_explanations", "load_runs", "main", "markdown_table", "plot", "plot_key_aware", "seed_agreement",
            "summarise", "to_markdown"]

@@ -13,16 +13,20 @@ import sys
 import warnings
 from pathlib import Path
 
-from ..cli import ensure_output_dir, user_error_message
+from ..cli import UserError, ensure_output_dir, user_error_message
+from ..files import atomic_write
 from .designs import write_design_comparison
 from .faithfulness import faithfulness_table, seed_agreement
 from .key_aware import KEY_AWARE_LENGTHS, default_cache_dir, ensure_key_aware, key_aware_lengths, key_aware_table
 from .markdown import markdown_table
 from .plots import plot, plot_key_aware
+from .run_files import default_key_aware_lengths, usable
 from .runs import GROUP, ReportWarning, failed_jobs, load_runs, summarise, to_markdown
 
-DESCRIPTION = ("Aggregate a sweep: python -m identifiable_transformers.report SWEEP_DIR [--out DIR] [--no-key-aware] "
-               "[--cache-dir DIR]")
+DESCRIPTION = ("Aggregate a sweep: python -m identifiable_transformers.report SWEEP_DIR [--out DIR] [--overwrite] "
+               "[--no-key-aware] [--key-aware-lengths N,N,...] [--cache-dir DIR]")
+# What a report writes first: a folder holding one already holds a report.
+REPORT_FILES = ("results.md", "results.csv")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,11 +40,16 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m identifiable_transformers.report", description=DESCRIPTION)
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: SWEEP_DIR)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the report already in the output directory (refused without it)")
     parser.add_argument("--no-key-aware", action="store_true",
-                        help="do not compute missing identifiability/key_aware.json files (seconds per head at 512 tokens)")
-    parser.add_argument("--key-aware-lengths", type=_lengths, default=KEY_AWARE_LENGTHS, metavar="N,N,...",
-                        help="input lengths of the key-aware count, <cls> included (default: "
-                             f"{','.join(map(str, KEY_AWARE_LENGTHS))}); runs counted at other lengths are recounted")
+                        help="do not compute missing identifiability/key_aware.json files (seconds per head at 512 "
+                             "tokens)")
+    parser.add_argument("--key-aware-lengths", type=_lengths, default=None, metavar="N,N,...",
+                        help="input lengths of the key-aware count, <cls> included (default: those every run was "
+                             "counted at, else from the data: n, n/4 and n/16, n the runs' longest validation example; "
+                             f"{','.join(map(str, KEY_AWARE_LENGTHS))} when the runs do not record it); runs counted "
+                             "at other lengths are recounted")
     parser.add_argument("--cache-dir", default=None,
                         help="tokenized-data cache for rebuilding the runs' probe examples (default: $IDT_CACHE_DIR "
                              "or ~/.cache/identifiable_transformers, as train.py's paths.cache_dir)")
@@ -64,32 +73,46 @@ def _report(args: argparse.Namespace) -> None:
         warnings.warn(f"{len(failed)} job(s) have no metrics.json (failed or unfinished), left out: "
                       f"{', '.join(failed)}", ReportWarning, stacklevel=2)
     out = ensure_output_dir(args.out or args.sweep_dir, "--out")
+    earlier = [name for name in REPORT_FILES if (out / name).exists()]
+    if earlier and not args.overwrite:
+        raise UserError(f"{out} already holds a report ({', '.join(earlier)}): pass --out to write this one "
+                        "elsewhere, or --overwrite to replace it")
     table = summarise(runs)
-    runs.drop(columns=["_dir", "_best_model_path"]).to_csv(out / "results.csv", index=False)
+    atomic_write(out / "results.csv", runs.drop(columns=["_dir", "_best_model_path"]).to_csv(index=False))
     footnote = f"\nFailed jobs (no metrics.json, left out): {', '.join(failed)}\n" if failed else ""
-    (out / "results.md").write_text(to_markdown(table) + footnote)
+    atomic_write(out / "results.md", to_markdown(table) + footnote)
     written = [out / "results.md", out / "results.csv"]
     faith = faithfulness_table(runs)
     notes: list[str] = []
     if faith is not None:
-        faith.to_csv(out / "faithfulness.csv", index=False)
-        (out / "faithfulness.md").write_text(markdown_table(faith, GROUP + ["explainer"]))
+        atomic_write(out / "faithfulness.csv", faith.to_csv(index=False))
+        atomic_write(out / "faithfulness.md", markdown_table(faith, GROUP + ["explainer"]))
         written += write_design_comparison(runs, out)  # pooled over key sizes, and per key size where both ran
-        agreement, notes = seed_agreement(runs)
+        agreement, notes = seed_agreement(runs[usable(runs, "explanations.json")])
         written += [out / "faithfulness.md", out / "faithfulness.csv"]
         if agreement is not None:
-            agreement.to_csv(out / "seed_agreement.csv", index=False)
-            (out / "seed_agreement.md").write_text(markdown_table(agreement, GROUP + ["explainer"]))
+            atomic_write(out / "seed_agreement.csv", agreement.to_csv(index=False))
+            atomic_write(out / "seed_agreement.md", markdown_table(agreement, GROUP + ["explainer"]))
             written += [out / "seed_agreement.md", out / "seed_agreement.csv"]
-    notes += ensure_key_aware(runs, compute=not args.no_key_aware, cache_dir=args.cache_dir or default_cache_dir(),
-                              targets=args.key_aware_lengths)
-    ka = key_aware_table(runs)
+        if out / "faithfulness_designs.md" not in written and set(runs["head_combine"]) >= {"add", "concat"}:
+            notes.append("no faithfulness_designs.md: no dataset and key size has two runs of each design "
+                         "(identifiable and baseline)")
+    targets = args.key_aware_lengths
+    if targets is None:
+        targets, source = default_key_aware_lengths(runs)
+        if not args.no_key_aware:
+            print(f"key-aware lengths {','.join(map(str, targets))} ({source}; --key-aware-lengths to choose)")
+    ka_runs = runs[usable(runs, "key_aware.json")]
+    notes += ensure_key_aware(ka_runs, compute=not args.no_key_aware, cache_dir=args.cache_dir or default_cache_dir(),
+                              targets=targets)
+    ka = key_aware_table(ka_runs)
     plots = plot(table, out)
     if ka is not None:
-        ka.to_csv(out / "key_aware.csv", index=False)
+        atomic_write(out / "key_aware.csv", ka.to_csv(index=False))
         lengths = key_aware_lengths(ka)
-        lengths.to_csv(out / "key_aware_length.csv", index=False)
-        (out / "key_aware.md").write_text(
+        atomic_write(out / "key_aware_length.csv", lengths.to_csv(index=False))
+        atomic_write(
+            out / "key_aware.md",
             markdown_table(ka, GROUP + ["n"], digits=1)
             + "\n\nKey-aware identifiable length (longest tested n with no generatable alternative in any head):\n\n"
             + markdown_table(lengths, list(lengths.columns)))

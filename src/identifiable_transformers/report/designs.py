@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..cli import UserError
+from ..files import atomic_write
 from .faithfulness import EXPLAINER_ORDER, FAITH_METRICS, _faith_column
 
 # Per-run scalars compared like the explainers' metrics (as explainer "-"): is attention needed, how
@@ -171,6 +172,6 @@ def write_design_comparison(runs: pd.DataFrame, out: Path) -> list[Path]:
     if pooled is None:
         return []
     per_key = design_comparison(runs, margins=margins)
-    pd.concat([pooled, per_key], ignore_index=True).to_csv(out / "faithfulness_designs.csv", index=False)
-    (out / "faithfulness_designs.md").write_text(designs_markdown(pooled, per_key, margins))
+    atomic_write(out / "faithfulness_designs.csv", pd.concat([pooled, per_key], ignore_index=True).to_csv(index=False))
+    atomic_write(out / "faithfulness_designs.md", designs_markdown(pooled, per_key, margins))
     return [out / "faithfulness_designs.md", out / "faithfulness_designs.csv"]

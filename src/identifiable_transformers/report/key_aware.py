@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..files import atomic_write
 from .runs import GROUP, ReportWarning
 
 KEY_AWARE_LENGTHS = (16, 64, 256)
@@ -149,8 +150,8 @@ def ensure_key_aware(runs: pd.DataFrame, compute: bool = True, cache_dir: str | 
         print(f"key-aware count: {r['run']} ({ckpt.name}, lengths {[n for _, n in picked]})", flush=True)
         counts = key_aware_counts(module.model, batch["input_ids"], batch["attention_mask"])
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"checkpoint": str(ckpt), "split": "validation", "targets": targets,
-                                    "indices": [i for i, _ in picked], **counts}))
+        atomic_write(path, json.dumps({"checkpoint": str(ckpt), "split": "validation", "targets": targets,
+                                       "indices": [i for i, _ in picked], **counts}))
     return notes
 
 

@@ -1,10 +1,13 @@
-"""Plots of the report: accuracy and identifiable fraction against the key size; key-aware alternatives against length."""
+"""Plots of the report: accuracy and identifiable fraction against the key size; key-aware alternatives against
+length."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pandas as pd
+
+from ..files import atomic_path
 
 
 def plot(table: pd.DataFrame, out: Path) -> list[Path]:
@@ -28,7 +31,8 @@ def plot(table: pd.DataFrame, out: Path) -> list[Path]:
         ax.legend(fontsize=7)
         fig.tight_layout()
         path = out / f"{metric}_vs_key_dim.png"
-        fig.savefig(path, dpi=120)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=120)
         plt.close(fig)
         written.append(path)
     return written
@@ -60,6 +64,7 @@ def plot_key_aware(table: pd.DataFrame, out: Path) -> list[Path]:
         ax.legend(fontsize=7)
     fig.tight_layout()
     path = out / "key_aware_vs_length.png"
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)
     return [path]

@@ -58,8 +58,18 @@ def failed_jobs(sweep_dir: Path) -> list[str]:
     return sorted((str(j.relative_to(sweep_dir)) or "." for j in jobs - done), key=_natural)
 
 
+def _numbers(metrics: dict) -> dict:
+    """The metrics the tables use, each a number or null; anything else is not train.py's metrics.json."""
+    used = {*COLUMNS.values(), *(k for k in metrics if k.startswith("val/faith/"))}
+    for key in sorted(used & set(metrics)):
+        value = metrics[key]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise TypeError(f"metrics[{key!r}]={value!r} is not a number")
+    return metrics
+
+
 def _row(result: dict, run: str, run_dir: Path) -> dict:
-    model, metrics = result["config"]["model"], result["metrics"]
+    model, metrics = result["config"]["model"], _numbers(result["metrics"])
     d, h, combine = model["embed_dim"], model["num_heads"], model["head_combine"]
     return {
         "run": run,
@@ -104,7 +114,8 @@ def load_runs(sweep_dir: Path) -> pd.DataFrame:
         try:
             rows.append(_row(result, run, f.parent))
         except (KeyError, TypeError, AttributeError) as e:  # someone else's file, or an older train.py's
-            what = f"has no {e.args[0]!r}" if isinstance(e, KeyError) else f"is not laid out as train.py writes it ({e})"
+            what = (f"has no {e.args[0]!r}" if isinstance(e, KeyError)
+                    else f"is not laid out as train.py writes it ({e})")
             warnings.warn(f"{run}: skipped, {f} {what}", ReportWarning, stacklevel=2)
     if not rows:
         raise UserError(f"no run under {sweep_dir} has a usable metrics.json (each was skipped, see the warnings)")

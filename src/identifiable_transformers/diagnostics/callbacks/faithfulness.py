@@ -4,8 +4,10 @@ At the end of every ``every_n_epochs``-th validation epoch (never in the sanity 
 scores the cheap explainers on the same fixed probe set as the ``IdentifiabilityCallback`` (its probe
 when that callback is attached, else one drawn with the same ``select_probe_indices`` logic and
 settings), logs ``val/faith/<explainer>/<metric>`` (with ``rationale_auprc`` and ``rationale_f1`` when the data has
-rationales; the random control's ``<metric>_std`` over its draws) and ``val/faith/uniform_acc_gap``, and writes
-``<identifiability dir>/epoch_XXX/faith_metrics.json``. At the end of fit it writes
+rationales; the random control's ``<metric>_std`` over its draws) and ``val/faith/uniform_acc_gap``, each also per
+cumulative length bin (``val/faith/<explainer>/len_le_B/<metric>``, ``val/faith/len_le_B/uniform_acc_gap``), and
+writes ``<identifiability dir>/epoch_XXX/faith_metrics.json``. ``max_length`` scores only the probe's examples up to
+a length (the explainers' erasure copies grow with the square of the length). At the end of fit it writes
 ``explanations.json`` (the last epoch's scores), runs the expensive tier (integrated gradients,
 adversarial attention) and writes ``faithfulness_final.json``; with a ``WandbLogger`` attached it
 also logs a ``wandb.Table`` of the probe explanations and the end-of-fit metrics.
@@ -25,6 +27,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from ...files import atomic_write
 from ...wandb_logging import wandb_loggers
 from ..faithfulness import (
     CHEAP_EXPLAINERS,
@@ -34,8 +37,10 @@ from ..faithfulness import (
     faithfulness_report,
     integrated_gradients,
     rationale_mask,
+    uniform_attention_logits,
 )
 from .identifiability import IdentifiabilityCallback
+from .probes import DEFAULT_LENGTH_BINS, bin_key, bin_masks, check_length_bins, nanmean, resolve_length_bins
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,11 @@ class FaithfulnessCallback(pl.Callback):
         random_draws: draws of the random control averaged each epoch (their spread is logged as ``_std``).
         probe_size, probe_seed, max_probe_length, output_dir: used only without an IdentifiabilityCallback
             (then they mean what they mean there); with one attached its probe and output dir are used.
+        max_length: score only the probe examples of at most this many tokens: a token count or a length
+            bin symbol ("dv+1", "2d+2", "max/2", "max"); None = the whole probe. Every tier (per epoch, end of
+            fit, explanations.json) uses that part of the probe.
+        length_bins: cumulative length bins the per-epoch metrics are also logged in (as in the
+            IdentifiabilityCallback; bins above ``max_length`` are dropped); [] or None: none.
         final: run the expensive tier at the end of fit (integrated gradients on the whole probe,
             adversarial attention on ``adversarial_examples`` probe examples spread over the lengths).
         ig_steps: integrated-gradients interpolation steps.
@@ -80,6 +90,8 @@ class FaithfulnessCallback(pl.Callback):
         adversarial_restarts: int = 4,
         adversarial_eps: float = 0.01,
         random_draws: int = RANDOM_DRAWS,
+        max_length: int | str | None = None,
+        length_bins: Sequence[int | str] | None = DEFAULT_LENGTH_BINS,
     ) -> None:
         super().__init__()
         explainers = list(explainers)
@@ -93,6 +105,8 @@ class FaithfulnessCallback(pl.Callback):
         if adversarial_examples < 0 or adversarial_steps < 0 or adversarial_restarts < 1 or adversarial_eps <= 0:
             raise ValueError("adversarial_examples and adversarial_steps must be >= 0, adversarial_restarts >= 1 "
                              "and adversarial_eps > 0")
+        self.length_bins = check_length_bins(length_bins)
+        self.max_length = None if max_length is None else check_length_bins([max_length], "max_length")[0]
         self.explainers, self.every_n_epochs, self.seed, self.final = explainers, every_n_epochs, seed, final
         self.ig_steps, self.random_draws = ig_steps, random_draws
         self.adversarial = dict(examples=adversarial_examples, steps=adversarial_steps,
@@ -104,13 +118,30 @@ class FaithfulnessCallback(pl.Callback):
         self.last_metrics: dict[str, float] | None = None
         self.last_epoch: int | None = None
         self.final_metrics: dict[str, float] | None = None
+        self._scored: dict[str, Any] | None = None
 
     # -------------------------------------------------------------------------------- probe set
     def _ident(self, trainer: pl.Trainer) -> IdentifiabilityCallback:
         return next((c for c in trainer.callbacks if isinstance(c, IdentifiabilityCallback)), self._own)
 
     def _probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
-        return self._ident(trainer)._ensure_probe(trainer, pl_module)
+        """The part of the shared probe this callback scores (examples up to ``max_length``), with its bins."""
+        if self._scored is None:
+            probe = self._ident(trainer)._ensure_probe(trainer, pl_module)
+            model, cap = pl_module.model, probe["max_probe_length"]
+            resolve = lambda bins: resolve_length_bins(bins, embed_dim=model.embed_dim, max_length=cap,  # noqa: E731
+                                                       head_stochastic=probe["bounds"]["head_stochastic"])
+            limit = cap if self.max_length is None else resolve([self.max_length])[0]
+            k = sum(n <= limit for n in probe["lengths"])  # the probe is sorted by length: its first k
+            if k == 0:
+                raise ValueError(f"callbacks.faithfulness.max_length={self.max_length} (= {limit} tokens) leaves no "
+                                 f"probe example to score (the shortest has {probe['lengths'][0]} tokens): pass a "
+                                 "larger one, or null for the whole probe")
+            if k < len(probe["lengths"]):
+                log.info("faithfulness: scoring the %d of %d probe examples with at most %d tokens (max_length=%s)",
+                         k, len(probe["lengths"]), limit, self.max_length)
+            self._scored = {**_first(probe, k), "length_bins": [b for b in resolve(self.length_bins) if b <= limit]}
+        return self._scored
 
     def _out_dir(self, trainer: pl.Trainer) -> Path:
         return self._ident(trainer)._out_dir(trainer)
@@ -126,38 +157,67 @@ class FaithfulnessCallback(pl.Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._probe(trainer, pl_module)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_epoch": self.last_epoch}  # which epoch was scored last (in last.ckpt, for a resume)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resumed_epoch = state.get("last_epoch")
+
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
             return
         probe = self._probe(trainer, pl_module)
         if not trainer.is_global_zero:
             return
-        t0 = time.perf_counter()
-        batch = probe["batch"]
-        dev = pl_module.device
-        rationales = self._rationale_mask(probe)
-        report = faithfulness_report(pl_module.model, batch["input_ids"].to(dev), batch["attention_mask"].to(dev),
-                                     batch.get("labels"), explainers=self.explainers, seed=self.seed,
-                                     rationale_mask=None if rationales is None else rationales.to(dev),
-                                     random_draws=self.random_draws)
-        metrics = {f"{PREFIX}/{k}": v for k, v in report["metrics"].items()}
-        metrics[f"{PREFIX}/uniform_acc_gap"] = report["uniform_acc_gap"]
-        metrics[f"{PREFIX}/compute_s"] = time.perf_counter() - t0
+        report, metrics = self._score(pl_module, probe)
         for key, value in metrics.items():
             pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
         self.last_report, self.last_metrics, self.last_epoch = report, metrics, trainer.current_epoch
         out = self._out_dir(trainer) / f"epoch_{trainer.current_epoch:03d}"
         out.mkdir(parents=True, exist_ok=True)
-        (out / "faith_metrics.json").write_text(json.dumps({k: _finite(v) for k, v in metrics.items()}, indent=1))
+        atomic_write(out / "faith_metrics.json", json.dumps({k: _finite(v) for k, v in metrics.items()}, indent=1))
+
+    def _score(self, pl_module: pl.LightningModule, probe: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
+        """The cheap explainers' report on the probe and its ``val/faith/*`` metrics."""
+        t0 = time.perf_counter()
+        batch = probe["batch"]
+        dev = pl_module.device
+        rationales = self._rationale_mask(probe)
+        ids, mask = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
+        # labels=None: the uniform-attention gap is computed here, per example, so that it splits into length bins
+        report = faithfulness_report(pl_module.model, ids, mask, None, explainers=self.explainers, seed=self.seed,
+                                     rationale_mask=None if rationales is None else rationales.to(dev),
+                                     random_draws=self.random_draws)
+        metrics = {f"{PREFIX}/{k}": v for k, v in report["metrics"].items()}
+        labels = batch.get("labels")
+        if labels is not None:
+            labels = labels.to(dev)
+            uniform = uniform_attention_logits(pl_module.model, ids, mask).argmax(-1)
+            report["per_example"]["uniform_acc_gap"] = ((report["predicted"] == labels).double()
+                                                        - (uniform == labels).double())
+            report["uniform_acc_gap"] = float(report["per_example"]["uniform_acc_gap"].mean())
+        metrics[f"{PREFIX}/uniform_acc_gap"] = report["uniform_acc_gap"]
+        metrics.update(binned_metrics(report["per_example"], probe["lengths"], probe["length_bins"]))
+        metrics[f"{PREFIX}/compute_s"] = time.perf_counter() - t0
+        return report, metrics
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.is_global_zero or self.last_report is None:
+        if not trainer.is_global_zero:
+            return
+        resumed = getattr(self, "_resumed_epoch", None)
+        if self.last_report is None and resumed is not None and resumed == trainer.current_epoch - 1:
+            # A resume with nothing left to train (the run stopped in this stage, or after it): its last validation
+            # scored these same final weights; score them again so that the end-of-fit stage is finished.
+            log.info("faithfulness: finishing the end-of-fit stage of the resumed run (epoch %d)", resumed)
+            self.last_report, self.last_metrics = self._score(pl_module, self._probe(trainer, pl_module))
+            self.last_epoch = resumed
+        if self.last_report is None:
             return
         probe = self._probe(trainer, pl_module)
         out = self._out_dir(trainer)
         out.mkdir(parents=True, exist_ok=True)
         explanations = self._explanations(probe, self.last_report)
-        (out / "explanations.json").write_text(json.dumps(explanations))
+        atomic_write(out / "explanations.json", json.dumps(explanations))
         final_metrics = {k: _finite(v) for k, v in (self.last_metrics or {}).items()}
         examples_extra: dict[str, Any] = {}
         if self.final:
@@ -175,7 +235,7 @@ class FaithfulnessCallback(pl.Callback):
         final = {"epoch": self.last_epoch, "metrics": final_metrics, **explanations, **examples_extra,
                  "labels": [int(x) for x in probe["batch"]["labels"]],
                  "prob": [float(x) for x in self.last_report["prob"]]}
-        (out / "faithfulness_final.json").write_text(json.dumps(final))
+        atomic_write(out / "faithfulness_final.json", json.dumps(final))
         self._log_wandb(trainer, final)
         log.info("faithfulness: wrote %s and %s", out / "explanations.json", out / "faithfulness_final.json")
 
@@ -271,3 +331,30 @@ class FaithfulnessCallback(pl.Callback):
             lg.log_table(key="faith/explanations", columns=columns, data=rows)
             if metrics:
                 lg.log_metrics(metrics)
+
+
+def _first(probe: dict[str, Any], k: int) -> dict[str, Any]:
+    """The probe's first ``k`` examples (the shortest: it is sorted by length), their padding trimmed."""
+    if k == len(probe["indices"]):
+        return dict(probe)
+    width = max(probe["lengths"][:k])
+    batch = {key: v[:k, :width] if v.dim() == 2 else v[:k] for key, v in probe["batch"].items()}
+    out = {**probe, "indices": probe["indices"][:k], "lengths": probe["lengths"][:k], "batch": batch,
+           "tokens": None if probe["tokens"] is None else probe["tokens"][:k]}
+    if probe.get("rationales") is not None:
+        out["rationales"] = probe["rationales"][:k]
+    return out
+
+
+def binned_metrics(per_example: dict[str, torch.Tensor], lengths, bins: Sequence[int]) -> dict[str, float]:
+    """Per cumulative length bin B: the mean (NaN-skipping, as the overall means) of every per-example metric
+    over the examples of at most B tokens: ``val/faith/<explainer>/len_le_B/<metric>``, and
+    ``val/faith/len_le_B/uniform_acc_gap`` and ``.../probe_count``."""
+    out: dict[str, float] = {}
+    for b, rows in bin_masks(lengths, bins).items():
+        for key, values in per_example.items():
+            explainer, _, metric = key.rpartition("/")
+            name = f"{explainer}/{bin_key(b)}/{metric}" if explainer else f"{bin_key(b)}/{metric}"
+            out[f"{PREFIX}/{name}"] = nanmean(values.detach().cpu()[rows])
+        out[f"{PREFIX}/{bin_key(b)}/probe_count"] = float(rows.sum())
+    return out

@@ -5,8 +5,10 @@ callback runs ``attention_identifiability`` on a fixed, seeded probe set drawn f
 validation split, logs per layer/head and overall means under ``val/ident/...`` and writes
 plots (PNG, and W&B images when a ``WandbLogger`` is attached). With a ``WandbLogger`` it also logs
 the per-head values as a table every epoch (``val/ident/heads``) and, at the end of fit, a table of
-the probe examples with their attention maps (``val/ident/probe``). Only global rank 0 computes,
-logs and writes files; the maths is cheap (one batched float64 SVD per distinct length).
+the probe examples with their attention maps (``val/ident/probe``). The probe spans the lengths up
+to the data's ``max_length``, stratified by length (probes.py), and every overall metric is also logged per
+cumulative length bin (``val/ident/len_le_B/...``). Only global rank 0 computes, logs and writes files;
+the maths (one batched float64 SVD per distinct length) runs on the module's device.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +25,19 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from ...files import atomic_write
 from ...wandb_logging import log_epoch_media, logged_step, wandb_loggers
 from ..maths import attention_identifiability, identifiable_length
 from .media import IdentifiabilityMedia, _render, attention_image  # noqa: F401 (re-exported)
+from .probes import (
+    DEFAULT_LENGTH_BINS,
+    bin_key,
+    bin_masks,
+    check_length_bins,
+    doubling_strata,
+    resolve_length_bins,
+    select_probe_indices,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,56 +54,26 @@ _LOGGED = {
 }
 
 
-def select_probe_indices(lengths, probe_size: int, seed: int = 0, max_length: int | None = None,
-                         preferred=None) -> list[int]:
-    """Seeded, length-stratified probe: ``probe_size`` targets evenly spaced over the range of
-    eligible lengths, each filled by a random unused example of the nearest available length.
-
-    Spreading targets over the *range* (not the data's length distribution) puts probes both below
-    and above the identifiable length even when most texts are short. Returns indices sorted by
-    (length, index). ``preferred`` (one bool per example, e.g. "has a rationale"): the probe is drawn
-    from the preferred examples, and from the others only when too few are eligible; all True (or
-    None) gives the plain draw.
-    """
-    lengths = np.asarray(lengths)
-    if preferred is not None:
-        pref = np.asarray(preferred, dtype=bool)
-        cap = max_length or int(lengths.max(initial=0))
-        first = select_probe_indices(np.where(pref, lengths, 0), probe_size, seed, cap)  # length 0: not eligible
-        rest = probe_size - len(first)
-        more = select_probe_indices(np.where(pref, 0, lengths), rest, seed, cap) if rest > 0 else []
-        return sorted(first + more, key=lambda i: (int(lengths[i]), i))
-    eligible = np.flatnonzero((lengths >= 1) & (lengths <= (max_length or lengths.max(initial=0))))
-    if len(eligible) == 0:
-        return []
-    if probe_size >= len(eligible):
-        chosen = list(eligible)
-    else:
-        rng = np.random.default_rng(seed)
-        pools: dict[int, list[int]] = {}
-        for i in rng.permutation(eligible):
-            pools.setdefault(int(lengths[i]), []).append(int(i))
-        targets = np.linspace(lengths[eligible].min(), lengths[eligible].max(), probe_size)
-        chosen = []
-        for t in targets:
-            avail = [k for k, v in pools.items() if v]
-            best = min(avail, key=lambda k: (abs(k - t), k))
-            chosen.append(pools[best].pop())
-    return sorted((int(i) for i in chosen), key=lambda i: (int(lengths[i]), i))
-
-
-def summarize_report(report: dict[str, Any], prefix: str = "val/ident") -> dict[str, float]:
-    """Means over the probe set: overall, per layer (joint dims) and per layer/head."""
-    out: dict[str, float] = {}
-    nd, snd = report["null_dim"], report["stochastic_null_dim"]
-    _, L, H = nd.shape
-    for key, name in _LOGGED.items():
-        out[f"{prefix}/{name}"] = float(report[key].double().mean())
+def _overall(report: dict[str, Any], prefix: str, rows: torch.Tensor | None = None) -> dict[str, float]:
+    """Means over the probe examples (all, or those where ``rows`` is True) of every head of every layer."""
+    pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+    nd, snd, jnd = pick(report["null_dim"]), pick(report["stochastic_null_dim"]), pick(report["joint_null_dim"])
+    out = {f"{prefix}/{name}": float(pick(report[key]).double().mean()) for key, name in _LOGGED.items()}
     out[f"{prefix}/identifiable_frac"] = float((nd == 0).double().mean())
     out[f"{prefix}/stochastic_identifiable_frac"] = float((snd == 0).double().mean())
-    out[f"{prefix}/joint_null_dim"] = float(report["joint_null_dim"].double().mean())
-    out[f"{prefix}/joint_identifiable_frac"] = float((report["joint_null_dim"] == 0).double().mean())
-    out[f"{prefix}/witness_rel_error_max"] = float(report["witness_rel_error"].max())
+    out[f"{prefix}/joint_null_dim"] = float(jnd.double().mean())
+    out[f"{prefix}/joint_identifiable_frac"] = float((jnd == 0).double().mean())
+    out[f"{prefix}/witness_rel_error_max"] = float(pick(report["witness_rel_error"]).max())
+    return out
+
+
+def summarize_report(report: dict[str, Any], prefix: str = "val/ident", bins: Sequence[int] = ()) -> dict[str, float]:
+    """Means over the probe set: overall, per layer (joint dims), per layer/head and, for each length bin B
+    of ``bins`` that holds a probe, over the probes of at most B tokens (``<prefix>/len_le_B/<metric>``, with
+    ``probe_count``)."""
+    out = _overall(report, prefix)
+    nd, snd = report["null_dim"], report["stochastic_null_dim"]
+    _, L, H = nd.shape
     for l in range(L):
         if L > 1:
             out[f"{prefix}/l{l}/joint_null_dim"] = float(report["joint_null_dim"][:, l].double().mean())
@@ -100,6 +83,9 @@ def summarize_report(report: dict[str, Any], prefix: str = "val/ident") -> dict[
                 out[f"{p}/{name}"] = float(report[key][:, l, h].double().mean())
             out[f"{p}/identifiable_frac"] = float((nd[:, l, h] == 0).double().mean())
             out[f"{p}/stochastic_identifiable_frac"] = float((snd[:, l, h] == 0).double().mean())
+    for b, rows in bin_masks(report["lengths"], bins).items():
+        out.update(_overall(report, f"{prefix}/{bin_key(b)}", rows))
+        out[f"{prefix}/{bin_key(b)}/probe_count"] = float(rows.sum())
     return out
 
 
@@ -125,8 +111,18 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         seed: seed of the probe selection (the same seed gives the same probes for every model
             trained on the same data, so concat and add runs are compared on identical inputs).
         num_plot_examples: probe sentences drawn as attention heatmaps each epoch (0: none).
-        max_probe_length: longest eligible example; None = min(model.max_len, 2 * embed_dim + 2),
-            which spans lengths above the add design's identifiable length d + 1.
+        max_probe_length: longest eligible example; None = the data's ``max_length`` (else the model's
+            ``max_len``), so the probe spans every length the model sees.
+        probe_strata: upper ends of the length intervals the probe is stratified over (each gets an equal
+            share); None = doubling ones, 8, 16, 32, ... up to the longest eligible length; [] = one interval
+            (targets evenly spaced over the whole range). The strata depend on the data only, never on
+            the model, so both designs get the same probes.
+        length_bins: cumulative length bins the overall metrics are also logged in, as
+            ``val/ident/len_le_B/<metric>`` (with ``probe_count``): token counts or the symbols "dv+1"
+            (min(d_v, d) + 1), "2d+2", "max/2" and "max" (of the longest eligible length); a bin above it
+            becomes it; [] or None: none.
+        device: where the identifiability maths runs (float64); None = the module's device (the CPU for
+            MPS, which has no float64). The attention itself always runs on the module's device.
         output_dir: where probe ids, PNGs and metric JSONs go; None =
             ``<trainer.default_root_dir>/identifiability``.
         plots: write the figures (False: metrics only).
@@ -166,6 +162,9 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         key_aware_examples: int = 3,
         key_aware_every_n_epochs: int | None = 1,
         key_aware_max_length: int | None = None,
+        probe_strata: Sequence[int] | None = None,
+        length_bins: Sequence[int | str] | None = DEFAULT_LENGTH_BINS,
+        device: str | None = None,
     ) -> None:
         super().__init__()
         if probe_size < 1:
@@ -181,9 +180,15 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         if key_aware_examples < 0:
             raise ValueError(f"key_aware_examples must be >= 0, got {key_aware_examples}")
         if key_aware_every_n_epochs is not None and key_aware_every_n_epochs < 1:
-            raise ValueError(f"key_aware_every_n_epochs must be >= 1 or null (end of fit), got {key_aware_every_n_epochs}")
+            raise ValueError("key_aware_every_n_epochs must be >= 1 or null (end of fit), "
+                             f"got {key_aware_every_n_epochs}")
         if key_aware_max_length is not None and key_aware_max_length < 2:
             raise ValueError(f"key_aware_max_length must be >= 2 or null, got {key_aware_max_length}")
+        if probe_strata is not None and any(int(e) < 1 for e in probe_strata):
+            raise ValueError(f"probe_strata must be token counts >= 1 (or null: doubling), got {list(probe_strata)}")
+        self.length_bins = check_length_bins(length_bins)
+        self.probe_strata = None if probe_strata is None else [int(e) for e in probe_strata]
+        self.device = device
         self.key_aware_examples, self.key_aware_every_n_epochs = key_aware_examples, key_aware_every_n_epochs
         self.key_aware_max_length = key_aware_max_length
         self._key_aware_probe: dict[str, Any] | None = None
@@ -219,14 +224,16 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
                 f"got {type(dm).__name__} with val_dataset={type(ds).__name__}"
             )
         model = pl_module.model
-        cap = self.max_probe_length or min(model.max_len, 2 * model.embed_dim + 2)
+        cap = min(self.max_probe_length or getattr(dm, "max_length", None) or model.max_len, model.max_len)
         lengths = np.array([len(x) for x in ds["input_ids"]])
         # docs/faithfulness.md, plausibility: with rationales, the probe prefers examples that have one.
         rationales = ds["rationale"] if getattr(dm, "has_rationales", False) else None
         preferred = None if rationales is None else [len(r) > 0 for r in rationales]
-        idx = select_probe_indices(lengths, self.probe_size, self.seed, cap, preferred=preferred)
+        strata = doubling_strata(cap) if self.probe_strata is None else self.probe_strata
+        idx = select_probe_indices(lengths, self.probe_size, self.seed, cap, preferred=preferred, strata=strata)
         if not idx:
-            raise RuntimeError(f"no validation example has 1 <= length <= max_probe_length={cap}")
+            raise ValueError(f"no validation example has 1 <= length <= max_probe_length={cap}: pass a larger "
+                             "callbacks.identifiability.max_probe_length, or null for the data's max_length")
         too_long = int((lengths > cap).sum())
         if too_long:
             log.info("identifiability probe: %d of %d validation examples are longer than %d tokens and not eligible",
@@ -238,21 +245,31 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         if tokenizer is not None:
             tokens = [[tokenizer.id_to_token(int(t)) or str(int(t)) for t in r["input_ids"]] for r in rows]
         bounds = identifiable_length(model.head_combine, model.embed_dim, model.num_heads, model.value_dim)
+        bins = resolve_length_bins(self.length_bins, embed_dim=model.embed_dim,
+                                   head_stochastic=bounds["head_stochastic"], max_length=cap)
         probe = {"indices": idx, "lengths": [int(lengths[i]) for i in idx], "batch": batch, "tokens": tokens,
-                 "bounds": bounds, "max_probe_length": cap}
+                 "bounds": bounds, "max_probe_length": cap, "strata": [int(e) for e in strata],
+                 "length_bins": bins}
         if rationales is not None:
             probe["rationales"] = [[int(j) for j in rationales[i]] for i in idx]
         if trainer.is_global_zero:
             out = self._out_dir(trainer)
             out.mkdir(parents=True, exist_ok=True)
-            meta = {k: probe[k] for k in ("indices", "lengths", "bounds", "max_probe_length")}
+            meta = {k: probe[k] for k in ("indices", "lengths", "bounds", "max_probe_length", "strata", "length_bins")}
             meta.update(seed=self.seed, probe_size=self.probe_size, split="validation",
                         num_validation_examples=len(lengths), num_too_long=too_long)
-            (out / "probe.json").write_text(json.dumps(meta, indent=1))
+            atomic_write(out / "probe.json", json.dumps(meta, indent=1))
         n = np.array(probe["lengths"])
-        log.info("identifiability probe: %d examples, lengths %d-%d, %d above the head bound %d",
-                 len(idx), n.min(), n.max(), int((n > bounds["head"]).sum()), bounds["head"])
+        log.info("identifiability probe: %d examples, lengths %d-%d, %d above the head bound %d; per length bin %s",
+                 len(idx), n.min(), n.max(), int((n > bounds["head"]).sum()), bounds["head"],
+                 ", ".join(f"<= {b}: {int((n <= b).sum())}" for b in bins))
         return probe
+
+    def maths_device(self, pl_module: pl.LightningModule) -> torch.device:
+        """Where the float64 maths runs: ``device``, else the module's (the CPU for MPS: no float64 there)."""
+        if self.device is not None:
+            return torch.device(self.device)
+        return torch.device("cpu") if pl_module.device.type == "mps" else pl_module.device
 
     def _ensure_probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         if self._probe is None:
@@ -276,15 +293,16 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
             pl_module.model,
             batch["input_ids"].to(pl_module.device),
             batch["attention_mask"].to(pl_module.device),
-            return_maps=self._plots_now(trainer) and self.num_plot_examples > 0,
+            device=self.maths_device(pl_module),
         )
-        metrics = summarize_report(report)
+        metrics = summarize_report(report, bins=probe["length_bins"])
         bounds = probe["bounds"]
         metrics["val/ident/identifiable_length"] = float(bounds["head"])
         metrics["val/ident/joint_identifiable_length"] = float(bounds["joint"])
         metrics["val/ident/compute_s"] = time.perf_counter() - t0
         epoch = trainer.current_epoch
-        if self.key_aware_examples and self.key_aware_every_n_epochs and (epoch + 1) % self.key_aware_every_n_epochs == 0:
+        every = self.key_aware_every_n_epochs
+        if self.key_aware_examples and every and (epoch + 1) % every == 0:
             metrics.update(self._key_aware(trainer, pl_module, f"epoch_{epoch:03d}"))
         for key, value in metrics.items():
             if self.per_head_scalars or not _PER_HEAD_KEY.match(key):
@@ -292,7 +310,7 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         self.last_report, self.last_metrics, self._last_epoch = report, metrics, epoch
         out = self._out_dir(trainer) / f"epoch_{epoch:03d}"
         out.mkdir(parents=True, exist_ok=True)
-        (out / "ident_metrics.json").write_text(json.dumps(metrics, indent=1))
+        atomic_write(out / "ident_metrics.json", json.dumps(metrics, indent=1))
         if self.wandb_tables and wandb_loggers(trainer):
             import wandb
 
@@ -311,7 +329,8 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
             dm, model = trainer.datamodule, pl_module.model
             cap = min(self.key_aware_max_length or getattr(dm, "max_length", None) or model.max_len, model.max_len)
             ds = dm.val_dataset
-            chosen = select_key_aware_examples([len(x) for x in ds["input_ids"]], self.key_aware_examples, cap, self.seed)
+            lengths = [len(x) for x in ds["input_ids"]]
+            chosen = select_key_aware_examples(lengths, self.key_aware_examples, cap, self.seed)
             batch = key_aware_batch([ds[i] for i, _ in chosen], [n for _, n in chosen], model.pad_id)
             self._key_aware_probe = {"indices": [i for i, _ in chosen], "batch": batch, "max_length": cap}
         probe = self._key_aware_probe
@@ -319,7 +338,7 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         out = self._out_dir(trainer) / folder
         out.mkdir(parents=True, exist_ok=True)
         record.update(indices=probe["indices"], max_length=probe["max_length"], metrics=metrics)
-        (out / "key_aware.json").write_text(json.dumps(record))
+        atomic_write(out / "key_aware.json", json.dumps(record))
         return metrics
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

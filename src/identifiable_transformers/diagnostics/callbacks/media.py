@@ -1,6 +1,6 @@
 """Figures and W&B media of the identifiability callback: heatmaps, the probe table, async rendering.
 
-Kept apart from the callback's hooks (callback.py), which decide *when* to diagnose; this module
+Kept apart from the callback's hooks (identifiability.py), which decide *when* to diagnose; this module
 decides how results are drawn and sent. ``_render`` touches no trainer state, so it can run in a
 worker thread.
 """
@@ -13,20 +13,31 @@ from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
+import torch
 
 from ...wandb_logging import log_epoch_media, logged_step, wandb_loggers
 from ..maths import attention_identifiability
 
 log = logging.getLogger(__name__)
 
+_TABLE_CHUNK = 8  # probes per identifiability call when building the end-of-fit W&B table
 PROBE_COLUMNS = ["example", "length", "text", "layer", "head", "null_dim", "stochastic_null_dim", "identifiable",
                  "alt_tv", "effective_gap", "attention"]
 
 
 def attention_image(weights: np.ndarray, pixels: int = 128) -> np.ndarray:
-    """An n x n attention map as an RGB uint8 heatmap (viridis, scaled to its max), about ``pixels`` wide."""
+    """An n x n attention map as an RGB uint8 heatmap (viridis, scaled to its max), about ``pixels`` wide.
+
+    A map wider than ``pixels`` is averaged over f x f blocks (f = ceil(n / pixels)), so a 512-token map is a
+    128-pixel image, not a 512-pixel one (the probe spans every length up to the data's max_length)."""
     from matplotlib import colormaps
 
+    n = weights.shape[0]
+    if n > pixels:
+        f = -(-n // pixels)
+        padded = np.zeros((-(-n // f) * f,) * 2, dtype=np.float64)
+        padded[:n, :n] = weights
+        weights = padded.reshape(padded.shape[0] // f, f, -1, f).mean(axis=(1, 3))
     scaled = weights / max(float(weights.max()), 1e-12)
     rgb = (colormaps["viridis"](scaled)[..., :3] * 255).astype(np.uint8)
     k = max(1, pixels // max(weights.shape[0], 1))
@@ -42,13 +53,15 @@ class IdentifiabilityMedia:
         last = trainer.max_epochs is not None and epoch == trainer.max_epochs - 1
         return self.plots and ((epoch + 1) % self.plot_every_n_epochs == 0 or last)
 
-    def _plot_positions(self, lengths: list[int]) -> list[int]:
-        """Probe positions to draw: spread over the upper three quarters of the length range."""
-        k = min(self.num_plot_examples, len(lengths))
+    def _plot_positions(self, lengths: list[int], max_length: int | None = None) -> list[int]:
+        """Probe positions to draw: spread over the upper three quarters of the probes of at most ``max_length``
+        tokens (the probe is sorted by length; a heatmap with a label per token is unreadable far beyond that)."""
+        shown = len(lengths) if max_length is None else sum(n <= max_length for n in lengths)
+        k = min(self.num_plot_examples, shown)
         if k == 0:
             return []
         quantiles = np.linspace(0.25, 1.0, k) if k > 1 else np.array([0.75])
-        return sorted({int(round(q * (len(lengths) - 1))) for q in quantiles})
+        return sorted({int(round(q * (shown - 1))) for q in quantiles})
 
     def _plot(self, trainer, pl_module, report, probe, out: Path) -> None:
         """Copy what the figures need, then render them (in a worker thread when ``async_plots``)."""
@@ -61,15 +74,25 @@ class IdentifiabilityMedia:
             "model": dict(embed_dim=model.embed_dim, num_heads=model.num_heads, value_dim=model.value_dim,
                           head_combine=model.head_combine), "examples": [],
         }
-        for pos in self._plot_positions(probe["lengths"]) if "maps" in report else []:
-            n = int(report["lengths"][pos])
-            m = report["maps"][pos]
+        # Heatmaps of probes up to 2d + 2 tokens, as before the probe spanned every length. Their maps are computed
+        # here, for these examples only: maps of the whole probe at 512 tokens would take about a gigabyte.
+        positions = self._plot_positions(probe["lengths"], 2 * model.embed_dim + 2)
+        if positions:
+            rows = torch.tensor(positions)
+            ids, mask = probe["batch"]["input_ids"][rows], probe["batch"]["attention_mask"][rows]
+            width = int(mask.sum(1).max())
+            shown = attention_identifiability(model, ids[:, :width].to(pl_module.device),
+                                              mask[:, :width].to(pl_module.device), return_maps=True,
+                                              device=self.maths_device(pl_module))
+        for j, pos in enumerate(positions):
+            n = int(shown["lengths"][j])
+            m = shown["maps"][j]
             job["examples"].append({
                 "index": probe["indices"][pos], "n": n,
                 "tokens": probe["tokens"][pos][:n] if probe["tokens"] is not None else [str(i) for i in range(n)],
                 **{k: m[k].numpy() for k in ("attention", "effective", "alternative")},
-                **{k: report[k][pos].numpy() for k in ("alt_attention_tv", "witness_rel_error", "null_dim",
-                                                       "stochastic_null_dim")},
+                **{k: shown[k][j].numpy() for k in ("alt_attention_tv", "witness_rel_error", "null_dim",
+                                                    "stochastic_null_dim")},
             })
         background = self.async_plots if self.async_plots is not None else pl_module.device.type != "cpu"
         if background:
@@ -100,18 +123,25 @@ class IdentifiabilityMedia:
         import wandb
 
         probe, batch = self._probe, self._probe["batch"]
-        report = attention_identifiability(pl_module.model, batch["input_ids"].to(pl_module.device),
-                                           batch["attention_mask"].to(pl_module.device), return_maps=True)
         rows = []
         for pos, index in enumerate(probe["indices"]):
-            n = int(report["lengths"][pos])
+            if pos % _TABLE_CHUNK == 0:  # the maps of a few probes at a time: at 512 tokens all would take a gigabyte
+                ids = batch["input_ids"][pos : pos + _TABLE_CHUNK]
+                mask = batch["attention_mask"][pos : pos + _TABLE_CHUNK]
+                width = int(mask.sum(1).max())
+                report = attention_identifiability(pl_module.model, ids[:, :width].to(pl_module.device),
+                                                   mask[:, :width].to(pl_module.device), return_maps=True,
+                                                   device=self.maths_device(pl_module))
+            r = pos % _TABLE_CHUNK
+            n = int(report["lengths"][r])
             text = " ".join(probe["tokens"][pos][:n]) if probe["tokens"] is not None else ""
-            attention = report["maps"][pos]["attention"].numpy()  # [L, H, n, n]
+            attention = report["maps"][r]["attention"].numpy()  # [L, H, n, n]
             for l in range(attention.shape[0]):
                 for h in range(attention.shape[1]):
-                    nd = int(report["null_dim"][pos, l, h])
-                    rows.append([index, n, text, l, h, nd, int(report["stochastic_null_dim"][pos, l, h]), nd == 0,
-                                 float(report["alt_attention_tv"][pos, l, h]), float(report["effective_gap"][pos, l, h]),
+                    nd = int(report["null_dim"][r, l, h])
+                    rows.append([index, n, text, l, h, nd, int(report["stochastic_null_dim"][r, l, h]), nd == 0,
+                                 float(report["alt_attention_tv"][r, l, h]),
+                                 float(report["effective_gap"][r, l, h]),
                                  wandb.Image(attention_image(attention[l, h]))])
         log_epoch_media(trainer, {"val/ident/probe": wandb.Table(columns=PROBE_COLUMNS, data=rows)},
                         self._last_epoch, logged_step(trainer), same_row=False)
@@ -140,7 +170,8 @@ def _render(job: dict[str, Any]) -> dict[str, Any]:
         title=f"epoch {epoch}: null dims vs length ({cfg['head_combine']}, d={cfg['embed_dim']}, "
               f"h={cfg['num_heads']}, d_v={cfg['value_dim']})",
     )
-    rendered = {"epoch": epoch, "step": job["step"], "null_dim_vs_length": [str(save_figure(fig, out / "null_dim_vs_length.png"))],
+    rendered = {"epoch": epoch, "step": job["step"],
+                "null_dim_vs_length": [str(save_figure(fig, out / "null_dim_vs_length.png"))],
                 "attention": [], "captions": []}
     for ex in job["examples"]:
         fig = plot_attention_maps(

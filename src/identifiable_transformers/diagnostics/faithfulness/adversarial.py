@@ -294,7 +294,7 @@ def _edge_search(jsd_of, a: Tensor, pair_i: Tensor, pair_j: Tensor, pair_ok: Ten
     """The farthest feasible point found on each edge w e_i + (1 - w) e_j: (P, top, T) rows (A where none).
 
     Scan w on a grid of ``points`` values, refine the lowest-JSD one by golden-section search in its grid
-    cell, and when that point is feasible bisect from it towards the edge's end farther from A in TV.
+    cell, and when that point is feasible bisect from it towards each end of the edge; keep the farthest in TV.
     """
     P, top = pair_i.shape
     T = a.shape[-1]
@@ -332,15 +332,17 @@ def _edge_search(jsd_of, a: Tensor, pair_i: Tensor, pair_j: Tensor, pair_ok: Ten
         lo, hi = torch.where(left, lo, m1), torch.where(left, m2, hi)
     w_min = 0.5 * (lo + hi)
     ok = jsd(w_min) <= eps
-    # From the feasible minimum, bisect towards the end of the edge with the larger TV.
-    end = torch.where(tv(torch.ones_like(w_min)) >= tv(torch.zeros_like(w_min)), 1.0, 0.0)
-    inside, outside = w_min, end  # when the end itself is feasible, the grid has it already
-    for _ in range(iters):
-        mid = 0.5 * (inside + outside)
-        good = jsd(mid) <= eps
-        inside, outside = torch.where(good, mid, inside), torch.where(good, outside, mid)
-    tv_far = torch.where(ok, tv(inside), torch.full_like(w_min, -1.0))
-    use = tv_far > tv_best
-    w_best, tv_best = torch.where(use, inside, w_best), torch.where(use, tv_far, tv_best)
+    # From the feasible minimum, bisect towards BOTH ends of the edge and keep the point farther from A in TV: TV is
+    # piecewise linear in w with its minimum at A's own split, so the feasible interval's far end can lie towards
+    # either end of the edge, whichever end is farther from A.
+    for end in (0.0, 1.0):
+        inside, outside = w_min, torch.full_like(w_min, end)  # when the end itself is feasible, the grid has it
+        for _ in range(iters):
+            mid = 0.5 * (inside + outside)
+            good = jsd(mid) <= eps
+            inside, outside = torch.where(good, mid, inside), torch.where(good, outside, mid)
+        tv_far = torch.where(ok, tv(inside), torch.full_like(w_min, -1.0))
+        use = tv_far > tv_best
+        w_best, tv_best = torch.where(use, inside, w_best), torch.where(use, tv_far, tv_best)
     found = (tv_best >= 0) & pair_ok
     return torch.where(found[..., None], rows(w_best).view(P, top, T), a[:, None, :])

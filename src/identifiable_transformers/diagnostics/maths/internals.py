@@ -16,16 +16,17 @@ from torch import Tensor
 from .nullspace import _EPS, _F64, HEAD_METRICS, _joint_null_dims, analyse_heads
 
 
-def value_output_matrices(internals: Sequence[Any]) -> tuple[Tensor, Tensor]:
-    """Stack (attention [B, L, H, T, T], value-output T [B, L, H, T, d]) in float64 on CPU.
+def value_output_matrices(internals: Sequence[Any], device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+    """Stack (attention [B, L, H, T, T], value-output T [B, L, H, T, d]) in float64 on ``device`` (None: CPU).
 
     T for layer l, head h is values[:, h] @ out_proj[h] (docs/identifiability.md 2: T = V W_o^h).
     """
+    device = "cpu" if device is None else device
     atts, ts = [], []
     for layer in internals:
-        values = layer.values.detach().to("cpu", _F64)  # (B, H, T, dv)
-        out_proj = layer.out_proj.detach().to("cpu", _F64)  # (H, dv, d)
-        atts.append(layer.attention.detach().to("cpu", _F64))  # (B, H, T, T)
+        values = layer.values.detach().to(device, _F64)  # (B, H, T, dv)
+        out_proj = layer.out_proj.detach().to(device, _F64)  # (H, dv, d)
+        atts.append(layer.attention.detach().to(device, _F64))  # (B, H, T, T)
         ts.append(torch.einsum("bhtv,hvd->bhtd", values, out_proj))  # (B, H, T, d)
     return torch.stack(atts, dim=1), torch.stack(ts, dim=1)
 
@@ -46,23 +47,28 @@ def _lengths_from_mask(attention_mask: Tensor) -> Tensor:
 
 
 def identifiability_from_internals(
-    internals: Sequence[Any], attention_mask: Tensor, *, return_maps: bool = False
+    internals: Sequence[Any], attention_mask: Tensor, *, return_maps: bool = False,
+    device: torch.device | str | None = None,
 ) -> dict[str, Any]:
-    """The report of ``attention_identifiability`` from already computed attention internals."""
+    """The report of ``attention_identifiability`` from already computed attention internals.
+
+    The maths runs on ``device`` (None: the CPU); the report's tensors are returned on the CPU either way.
+    """
     lengths = _lengths_from_mask(attention_mask)
-    A_all, T_all = value_output_matrices(internals)
+    A_all, T_all = value_output_matrices(internals, device)
+    dev = A_all.device
     B, L, H = A_all.shape[:3]
     d = T_all.shape[-1]
     out: dict[str, Any] = {
-        k: torch.zeros(B, L, H, dtype=torch.long if k.endswith(("null_dim", "rank")) else _F64)
+        k: torch.zeros(B, L, H, dtype=torch.long if k.endswith(("null_dim", "rank")) else _F64, device=dev)
         for k in (*HEAD_METRICS, "rank", "stochastic_rank", "tol", "stochastic_tol", "witness_rel_error")
     }
-    out["joint_null_dim"] = torch.zeros(B, L, dtype=torch.long)
-    out["joint_stochastic_null_dim"] = torch.zeros(B, L, dtype=torch.long)
+    out["joint_null_dim"] = torch.zeros(B, L, dtype=torch.long, device=dev)
+    out["joint_stochastic_null_dim"] = torch.zeros(B, L, dtype=torch.long, device=dev)
     maps: list[dict[str, Tensor] | None] = [None] * B
     # Group examples by exact length: one batched SVD per length, and T is never padded.
     for n in lengths.unique().tolist():
-        idx = (lengths == n).nonzero().flatten()
+        idx = (lengths == n).nonzero().flatten().to(dev)
         A = A_all[idx][..., :n, :n]  # (k, L, H, n, n)
         T = T_all[idx][..., :n, :]  # (k, L, H, n, d)
         res = analyse_heads(A, T, return_maps=return_maps)
@@ -74,13 +80,9 @@ def identifiability_from_internals(
         out["joint_stochastic_null_dim"][idx] = jsn.to(torch.long)
         if return_maps:
             for j, b in enumerate(idx.tolist()):
-                maps[b] = {
-                    "attention": res["attention"][j],
-                    "effective": res["effective"][j],
-                    "alternative": res["alternative"][j],
-                    "alt_tv_rows": res["alt_tv_rows"][j],
-                    "witness_rel_error": res["witness_rel_error"][j],
-                }
+                maps[b] = {k: res[k][j].cpu() for k in ("attention", "effective", "alternative", "alt_tv_rows",
+                                                         "witness_rel_error")}
+    out = {k: v.cpu() for k, v in out.items()}
     out["lengths"] = lengths
     # tol = sigma_max(T) * rtol with rtol = max(n, d) * eps (per example); stochastic: max(n, d+1).
     out["rtol"] = lengths.clamp_min(d).to(_F64) * _EPS
@@ -110,6 +112,7 @@ def attention_identifiability(
     attention_mask: Tensor | None = None,
     *,
     return_maps: bool = False,
+    device: torch.device | str | None = None,
 ) -> dict[str, Any]:
     """Identifiability report for a batch (docs/identifiability.md section 2), per example, layer and head.
 
@@ -119,10 +122,11 @@ def attention_identifiability(
     (``HEAD_METRICS`` plus ``rank``, ``stochastic_rank``, ``tol``, ``stochastic_tol``,
     ``witness_rel_error``), [B, L] layer-level ``joint_null_dim`` / ``joint_stochastic_null_dim``,
     ``lengths`` [B], ``rtol`` [B] (tol = sigma_max * rtol) and, with ``return_maps``, ``maps``: per
-    example a dict of [L, H, n, n] raw / effective / alternative attention maps.
+    example a dict of [L, H, n, n] raw / effective / alternative attention maps. The attention runs where the
+    model is; the float64 maths on ``device`` (None: the CPU); the report is on the CPU.
     """
     internals, attention_mask = _run_internals(model, input_ids, attention_mask)
-    return identifiability_from_internals(internals, attention_mask, return_maps=return_maps)
+    return identifiability_from_internals(internals, attention_mask, return_maps=return_maps, device=device)
 
 
 def attention_maps(

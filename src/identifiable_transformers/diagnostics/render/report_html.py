@@ -8,23 +8,56 @@ length, the witness alternative's TV distance and the check that it reproduces t
 leave-one-out and decision-flip fraction beside it (docs/faithfulness.md). When the examples come with
 rationales (a dataset split that has them), the rationale tokens are underlined on every strip and each
 explainer's rationale_auprc and rationale_f1 join the metrics.
+
+Progress: a log line as each stage starts and ends (with its time), and over the examples a tqdm bar when
+stderr is a terminal, else a log line every tenth of them.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import json
+import logging
 import math
-from collections.abc import Sequence
+import sys
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ...files import atomic_write
 from ..maths import attention_identifiability, identifiable_length, key_aware_alternative_dims
 
 __all__ = ["build_report", "tokens_for_batch"]
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _stage(what: str) -> Iterator[None]:
+    """Log ``what`` as it starts and its time when it ends."""
+    log.info("%s ...", what)
+    t0 = time.perf_counter()
+    yield
+    log.info("%s: done in %.1f s", what, time.perf_counter() - t0)
+
+
+def _examples(n: int) -> Iterator[int]:
+    """range(n) with progress: a tqdm bar on a terminal, else a log line every tenth of the examples."""
+    if sys.stderr.isatty():
+        from tqdm.auto import tqdm
+
+        yield from tqdm(range(n), desc="report: examples", unit="example", file=sys.stderr, leave=False)
+        return
+    every = max(1, math.ceil(n / 10))
+    for b in range(n):
+        yield b
+        if (b + 1) % every == 0 or b + 1 == n:
+            log.info("report: %d/%d examples drawn", b + 1, n)
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
@@ -135,11 +168,17 @@ def build_report(
     out.mkdir(parents=True, exist_ok=True)
     model_was_training = model.training
     model.eval()
-    with torch.no_grad():
-        probs = model(input_ids, attention_mask).logits.softmax(-1).cpu()
-    model.train(model_was_training)
-    rep = attention_identifiability(model, input_ids, attention_mask, return_maps=True)
-    ka = key_aware_alternative_dims(model, input_ids, attention_mask) if key_aware else None
+    B, T = input_ids.shape
+    with _stage(f"report: identifiability of {B} example(s) of up to {T} tokens"):
+        with torch.no_grad():
+            probs = model(input_ids, attention_mask).logits.softmax(-1).cpu()
+        model.train(model_was_training)
+        rep = attention_identifiability(model, input_ids, attention_mask, return_maps=True)
+    ka = None
+    if key_aware:
+        with _stage(f"report: key-aware count of {B} example(s) x {model.num_layers} layer(s) x {model.num_heads} "
+                    f"head(s), up to {T} tokens (dense Jacobians: minutes for long inputs)"):
+            ka = key_aware_alternative_dims(model, input_ids, attention_mask)
     bounds = identifiable_length(model.head_combine, model.embed_dim, model.num_heads, model.value_dim)
     B, L, H = rep["null_dim"].shape
     rationale_mask = None
@@ -147,7 +186,10 @@ def build_report(
         from ..faithfulness import rationale_mask as to_mask
 
         rationale_mask = to_mask(rationales, input_ids.shape[1])
-    faith = _faithfulness(model, input_ids, attention_mask, rationale_mask) if faithfulness else None
+    faith = None
+    if faithfulness:
+        with _stage(f"report: token explanations and their faithfulness for {B} example(s)"):
+            faith = _faithfulness(model, input_ids, attention_mask, rationale_mask)
     faith_records = []
 
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
@@ -170,7 +212,7 @@ def build_report(
         "<i>eff. gap</i> = ‖A − A<sub>eff</sub>‖/‖A‖, the share of attention the output cannot see (Brunner's "
         "effective attention).</p>")
     records = []
-    for b in range(B):
+    for b in _examples(B):
         n = int(rep["lengths"][b])
         pred = int(probs[b].argmax())
         label = label_names[pred] if label_names is not None and pred < len(label_names) else str(pred)
@@ -210,7 +252,7 @@ def build_report(
                                   null_dim=rep["null_dim"][b], stochastic_null_dim=rep["stochastic_null_dim"][b],
                                   title=f"example {b} (n={n}): raw | effective | witness alternative")
         png = figure_to_png(fig)
-        (out / f"example{b}.png").write_bytes(png)
+        atomic_write(out / f"example{b}.png", png)
         parts.append(f"<img alt='attention maps of example {b}' src='data:image/png;base64,"
                      f"{base64.b64encode(png).decode()}'>")
         if faith is not None:
@@ -228,7 +270,7 @@ def build_report(
             faith_records.append({"example": b, **record})
     parts.append("</body></html>")
     path = out / "report.html"
-    path.write_text("\n".join(parts), encoding="utf-8")
-    (out / "report.json").write_text(json.dumps({"bounds": bounds, "config": cfg, "heads": records,
-                                                  **({"faithfulness": faith_records} if faith else {})}, indent=1))
+    atomic_write(path, "\n".join(parts))
+    atomic_write(out / "report.json", json.dumps({"bounds": bounds, "config": cfg, "heads": records,
+                                                   **({"faithfulness": faith_records} if faith else {})}, indent=1))
     return path

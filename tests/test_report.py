@@ -220,7 +220,7 @@ def test_key_aware_lengths_random_heads_and_margins_are_tabulated(tmp_path, caps
 def test_design_comparison_is_a_welch_test_per_key_size():
     from scipy import stats
 
-    from identifiable_transformers.report.faithfulness import design_comparison
+    from identifiable_transformers.report.designs import design_comparison
 
     add, concat = [0.70, 0.74, 0.72], [0.60, 0.61, 0.65]
     rows = [{"data": "synthetic_order", "key_dim": 2, "head_combine": combine, "seed": s,
@@ -238,12 +238,13 @@ def test_design_comparison_is_a_welch_test_per_key_size():
 def test_design_comparison_pools_key_sizes_into_one_welch_test_per_dataset():
     from scipy import stats
 
-    from identifiable_transformers.report.faithfulness import design_comparison
+    from identifiable_transformers.report.designs import design_comparison
 
     values = {("add", 1): [0.70, 0.74, 0.72], ("add", 64): [0.50, 0.52, 0.49],
               ("concat", 1): [0.60, 0.61, 0.65], ("concat", 64): [0.55, 0.58, 0.54]}
     rows = [{"data": "imdb_offline", "key_dim": k, "head_combine": combine, "seed": s, "test_acc": 0.8 + v / 10,
-             "faith/attention/comprehensiveness": v} for (combine, k), vals in values.items() for s, v in enumerate(vals)]
+             "faith/attention/comprehensiveness": v}
+            for (combine, k), vals in values.items() for s, v in enumerate(vals)]
     d = design_comparison(pd.DataFrame(rows), pool_key_sizes=True).set_index(["explainer", "metric"])
     assert set(d["key_dim"]) == {"all"} and set(d["seeds"]) == {"6/6"}
     add, concat = values[("add", 1)] + values[("add", 64)], values[("concat", 1)] + values[("concat", 64)]

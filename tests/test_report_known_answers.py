@@ -15,7 +15,7 @@ import pytest
 from scipy import stats
 
 from identifiable_transformers.report import faithfulness_table
-from identifiable_transformers.report.faithfulness import design_comparison
+from identifiable_transformers.report.designs import design_comparison
 
 BASE = {"data": "rt_offline", "embed_dim": 64, "num_heads": 4, "key_dim": 2}
 

@@ -61,6 +61,7 @@ EXPECTED = {
     "yelp_full": ("hub", "Yelp/yelp_review_full", ["text"], "label", 5, (None, "test"), 256),
     "yelp_polarity": ("hub", "fancyzhx/yelp_polarity", ["text"], "label", 2, (None, "test"), 256),
     "synthetic_majority": ("synthetic", None, ["text"], "label", None, (None, None), 32),
+    "synthetic_contrast": ("synthetic", None, ["text"], "label", None, (None, None), 64),
     "synthetic_order": ("synthetic", None, ["text"], "label", None, (None, None), 32),
     "synthetic_presence": ("synthetic", None, ["text"], "label", None, (None, None), 32),
 }
@@ -79,4 +80,5 @@ def test_composed_config_has_the_documented_values(name):
     # the synthetic tasks carry their rationales; no other dataset has one unless the user names its column
     assert cfg["rationale_field"] == ("rationale" if name.startswith("synthetic_") else None)
     if name.startswith("synthetic_"):
-        assert cfg["synthetic"]["task"] == name.removeprefix("synthetic_")
+        task = {"synthetic_contrast": "order"}.get(name, name.removeprefix("synthetic_"))  # order on longer inputs
+        assert cfg["synthetic"]["task"] == task

@@ -140,3 +140,126 @@ def test_a_bag_of_words_solves_what_it_should_and_only_that(tmp_path, task, bina
                                   synthetic={"task": task, "size": 1500, "num_keywords": nk})
     acc, chance = _bow().bow_accuracy(dm, binary=binary)
     assert lo <= acc <= hi and 0.2 < chance < 0.35, (acc, chance)
+
+
+# ------------------------------------------------------------------ the contrast regime (data=synthetic_contrast)
+
+def _conf(path: str) -> dict:
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / path))
+
+
+def test_contrast_lengths_lie_strictly_between_the_designs_identifiable_lengths(tmp_path):
+    """Every example of data=synthetic_contrast, counted in tokens with <cls> after the real tokenizer, is longer
+    than d_v + 1 of the default baseline (d/h = 16: its head maps have row-stochastic alternatives) and at most
+    d_v + 1 of the default identifiable encoder (d_v = d = 64), and fits data.max_length untruncated."""
+    from identifiable_transformers.data import TextDataModule
+
+    base = _conf("model/baseline.yaml")
+    d, h = base["embed_dim"], base["num_heads"]
+    assert _conf("model/identifiable.yaml")["value_dim"] is None  # d_v = embed_dim in the add design
+    baseline_bound, identifiable_bound = d // h + 1, d + 1   # 17 and 65 tokens
+    dm = TextDataModule.from_name("synthetic_contrast", cache_dir=str(tmp_path))
+    dm.prepare_data()
+    dm.setup("fit")
+    dm.setup("test")
+    for ds in (dm.train_dataset, dm.val_dataset, dm.test_dataset):
+        for row in ds:
+            n = len(row["input_ids"])
+            assert baseline_bound < n <= identifiable_bound and n <= dm.max_length, n
+    texts = generate(dm.synthetic)["text"]  # and the token count is the word count + <cls>: nothing truncated
+    assert max(len(t.split()) for t in texts) + 1 < dm.max_length + 1
+
+
+def test_contrast_rationales_are_the_first_keyword_and_seeded():
+    spec = SyntheticSpec.from_config(_conf("data/synthetic_contrast.yaml")["synthetic"])
+    assert spec.task == "order" and 24 <= spec.min_length and spec.max_length <= 62
+    df = generate(spec)
+    for text, label, rationale in zip(df["text"], df["label"], df["rationale"]):
+        kws = _keywords(text)
+        assert spec.min_length <= len(text.split()) <= spec.max_length
+        assert 2 <= len(kws) <= 3 and len({c for _, c in kws}) == len(kws)
+        assert label == kws[0][1] and rationale == str(kws[0][0])
+    lengths = df["text"].str.split().str.len()
+    assert lengths.min() == spec.min_length and lengths.max() == spec.max_length  # the whole range is drawn
+    assert df.equals(generate(spec))
+    other = generate(SyntheticSpec.from_config({**spec.as_dict(), "seed": 1}))
+    assert (df["text"] != other["text"]).mean() > 0.99
+
+
+# ------------------------------------------------------------------ settings that are refused, with the fix
+
+@pytest.mark.parametrize("bad, match", [
+    ({"seed": -1}, r"seed=-1 is negative: pass a seed >= 0, e\.g\. data\.synthetic\.seed=0"),
+    ({"size": "abc"}, r"size='abc' is not an integer: pass e\.g\. data\.synthetic\.size=4000"),
+    ({"size": 2.5}, r"size=2\.5 is not an integer"),
+    ({"vocab": True}, r"vocab=True is not an integer"),
+    ({"task": 3}, r"task=3 is not a string"),
+    ({"num_keywords": "abc"}, r"num_keywords='abc' must be one integer or a range"),
+    ({"num_keywords": [2, "x"]}, r"must be one integer or a range \[lo, hi\] of integers"),
+])
+def test_wrong_types_and_negative_seeds_are_refused_with_the_fix(bad, match):
+    with pytest.raises(ValueError, match=match):
+        SyntheticSpec.from_config({"task": "order", **bad})
+
+
+def test_the_vocabulary_must_hold_every_word_of_the_task():
+    """The smallest accepted data.vocab_size keeps every word of the task (checked against the real tokenizer:
+    no <unk> anywhere); one less is refused, naming the fix."""
+    from identifiable_transformers.data.tokenizer import UNK_ID
+
+    spec = SyntheticSpec.from_config({"task": "order", "size": 400, "vocab": 30, "keywords_per_class": 2})
+    need = 30 + 4 * 2 + 4
+    with pytest.raises(ValueError, match=rf"data\.vocab_size={need - 1} cannot hold .* pass data\.vocab_size>={need}"):
+        spec.check_vocabulary(need - 1)
+    spec.check_vocabulary(need)
+    texts = generate(spec)["text"].tolist()
+    tok = train_tokenizer(texts, need, 1)
+    assert all(UNK_ID not in tok.encode(t).ids for t in texts)
+    small = train_tokenizer(texts, need - 1, 1)  # what the refusal prevents: some word becomes <unk>
+    assert any(UNK_ID in small.encode(t).ids for t in texts)
+
+
+def test_a_vocabulary_too_small_for_the_keywords_ends_with_one_error_line(tmp_path):
+    """data=synthetic_order data.vocab_size=6 through train.py: exit status 1, one Error: line, no traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(root / "train.py"), "data=synthetic_order", "data.vocab_size=6",
+                           "logger=none", "trainer=cpu", f"paths.cache_dir={tmp_path}/cache",
+                           f"paths.log_dir={tmp_path}/logs"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]
+    ours = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith(("INFO:", "WARNING:", "["))]
+    assert errors == ours
+    assert len(errors) == 1 and "data.vocab_size=6 cannot hold the task's 204 words" in errors[0]
+    assert "pass data.vocab_size>=208" in errors[0]
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("data.synthetic.seed=-1", "data: synthetic: seed=-1 is negative: pass a seed >= 0"),
+    ("data.synthetic.size=abc", "data: synthetic: size='abc' is not an integer: pass e.g. data.synthetic.size=4000"),
+    ("data.vocab_size=6", "data: synthetic: data.vocab_size=6 cannot hold the task's 204 words"),
+])
+def test_config_checks_refuse_the_synthetic_mistakes_before_any_data(override, expected):
+    """The same mistakes as train.py meets them: the config check of the data node raises the ConfigError whose
+    message the CLI prints after 'Error: '."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from identifiable_transformers.cli import ConfigError
+    from identifiable_transformers.config_checks import check_data
+
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose("train", overrides=["data=synthetic_order", override, "callbacks=none", "logger=none",
+                                          "paths.cache_dir=/unused"])
+    with pytest.raises(ConfigError) as err:
+        check_data(cfg)
+    assert str(err.value).startswith(expected), str(err.value)

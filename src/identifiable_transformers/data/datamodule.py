@@ -141,6 +141,8 @@ class TextDataModule(CacheBuilder, RationaleAccess, Batching, pl.LightningDataMo
                              "(e.g. data=synthetic_order).")
         # checked here, before any data is read; the spec is also part of the cache key
         self.synthetic = SyntheticSpec.from_config(_plain(synthetic)) if source == "synthetic" else None
+        if self.synthetic is not None:
+            self.synthetic.check_vocabulary(int(vocab_size))
         self.rationale_field = str(rationale_field) if rationale_field else None
         if int(max_length) < 2:
             raise ValueError(f"max_length={max_length} is too small: set data.max_length >= 2 (<cls> and a token).")

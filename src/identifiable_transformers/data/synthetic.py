@@ -52,11 +52,18 @@ class SyntheticSpec:
         if unknown:
             raise ValueError(f"data.synthetic has unknown key(s) {sorted(unknown)}; known keys: "
                              f"{sorted(cls.__dataclass_fields__)}.")
+        for key, value in cfg.items():  # types first: a string where a number belongs would fail deep inside
+            if key == "task" and not isinstance(value, str):
+                raise ValueError(f"synthetic: task={value!r} is not a string: pass e.g. data.synthetic.task=order.")
+            if key not in ("task", "num_keywords") and not _is_int(value):
+                raise ValueError(f"synthetic: {key}={value!r} is not an integer: pass e.g. "
+                                 f"data.synthetic.{key}={getattr(cls, key)}.")
         if "num_keywords" in cfg:
             nk = cfg["num_keywords"]
-            nk = [nk, nk] if isinstance(nk, int) else list(nk)
-            if len(nk) != 2:
-                raise ValueError(f"data.synthetic.num_keywords={nk} must be one integer or a range [lo, hi].")
+            nk = [nk, nk] if _is_int(nk) else list(nk) if isinstance(nk, (list, tuple)) else None
+            if nk is None or len(nk) != 2 or not all(map(_is_int, nk)):
+                raise ValueError(f"synthetic: num_keywords={cfg['num_keywords']!r} must be one integer or a range "
+                                 "[lo, hi] of integers: pass e.g. data.synthetic.num_keywords=[2,3].")
             cfg["num_keywords"] = (int(nk[0]), int(nk[1]))
         spec = cls(**cfg)
         spec.check()
@@ -68,11 +75,14 @@ class SyntheticSpec:
 
         if self.task not in TASKS:
             raise bad(f"task={self.task!r} is not one of {TASKS}.")
+        if self.seed < 0:
+            raise bad(f"seed={self.seed} is negative: pass a seed >= 0, e.g. data.synthetic.seed=0.")
         lo, hi = self.num_keywords
         if self.num_classes < 2:
             raise bad(f"num_classes={self.num_classes} must be >= 2.")
         if self.size < 10 * self.num_classes:
-            raise bad(f"size={self.size} is too small for {self.num_classes} classes (at least {10 * self.num_classes}).")
+            raise bad(f"size={self.size} is too small for {self.num_classes} classes "
+                      f"(at least {10 * self.num_classes}).")
         if self.vocab < 1 or self.keywords_per_class < 1:
             raise bad(f"vocab={self.vocab} and keywords_per_class={self.keywords_per_class} must be >= 1.")
         if not 1 <= lo <= hi:
@@ -81,15 +91,39 @@ class SyntheticSpec:
             raise bad(f"task=order needs 2 <= num_keywords <= num_classes={self.num_classes} (keywords of distinct "
                       f"classes, the first decides); got {list(self.num_keywords)}.")
         if self.task == "majority" and lo < 2:
-            raise bad(f"task=majority needs at least 2 keywords per sentence; got num_keywords={list(self.num_keywords)}.")
+            raise bad("task=majority needs at least 2 keywords per sentence; "
+                      f"got num_keywords={list(self.num_keywords)}.")
         if not hi <= self.min_length <= self.max_length:
             raise bad(f"need num_keywords <= min_length <= max_length; got num_keywords={list(self.num_keywords)}, "
                       f"min_length={self.min_length}, max_length={self.max_length}.")
+
+    def words(self) -> int:
+        """The generator's distinct words: its filler words and every class keyword."""
+        return self.vocab + self.num_classes * self.keywords_per_class
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Refuse a tokenizer cap (``data.vocab_size``, special tokens included) below the task's words: the
+        tokenizer keeps the most frequent words, so some keywords or fillers would become ``<unk>`` (a
+        keyword lost that way makes its class unlearnable)."""
+        from .tokenizer import SPECIAL_TOKENS
+
+        specials = len(SPECIAL_TOKENS)
+        need = self.words() + specials
+        if vocab_size < need:
+            raise ValueError(
+                f"synthetic: data.vocab_size={vocab_size} cannot hold the task's {self.words()} words "
+                f"({self.num_classes * self.keywords_per_class} class keywords and {self.vocab} filler words) and the "
+                f"{specials} special tokens, so words would be read as <unk>: pass data.vocab_size>={need} "
+                "(or fewer words: data.synthetic.vocab, num_classes, keywords_per_class).")
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["num_keywords"] = list(self.num_keywords)
         return d
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def keyword(cls: int, j: int, per_class: int) -> str:

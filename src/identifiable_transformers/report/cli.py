@@ -13,11 +13,10 @@ import sys
 import warnings
 from pathlib import Path
 
-import pandas as pd
-
 from ..cli import UserError, ensure_output_dir, user_error_message
 from ..files import atomic_write
-from .faithfulness import design_comparison, faithfulness_table, seed_agreement
+from .designs import write_design_comparison
+from .faithfulness import faithfulness_table, seed_agreement
 from .key_aware import KEY_AWARE_LENGTHS, default_cache_dir, ensure_key_aware, key_aware_lengths, key_aware_table
 from .markdown import markdown_table
 from .plots import plot, plot_key_aware
@@ -67,21 +66,6 @@ def _lengths(text: str) -> tuple[int, ...]:
     return lengths
 
 
-def _designs_markdown(pooled, per_key) -> str:
-    lines = ["Identifiable (add) minus baseline (concat): mean ± std of each design's runs, difference of means, "
-             "Welch 95% CI, p-value. First every key size pooled (key_dim `all`: each run one sample), then per key "
-             "size (over seeds). Explainer `-`: per-run scalars.", "",
-             "| data | key_dim | explainer | metric | identifiable | baseline | difference | 95% CI | Welch p | runs |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for d in (pooled, per_key):
-        for _, r in d.iterrows():
-            lines.append(f"| {r['data']} | {r['key_dim']} | {r['explainer']} | {r['metric']} | "
-                         f"{r['identifiable']:.3f} ± {r['identifiable_std']:.3f} | {r['baseline']:.3f} ± "
-                         f"{r['baseline_std']:.3f} | {r['difference']:+.3f} | [{r['ci95_low']:+.3f}, "
-                         f"{r['ci95_high']:+.3f}] | {r['welch_p']:.3g} | {r['seeds']} |")
-    return "\n".join(lines) + "\n"
-
-
 def _report(args: argparse.Namespace) -> None:
     runs = load_runs(args.sweep_dir)
     failed = failed_jobs(args.sweep_dir)
@@ -103,13 +87,7 @@ def _report(args: argparse.Namespace) -> None:
     if faith is not None:
         atomic_write(out / "faithfulness.csv", faith.to_csv(index=False))
         atomic_write(out / "faithfulness.md", markdown_table(faith, GROUP + ["explainer"]))
-        per_key = design_comparison(runs)
-        if per_key is not None:  # then every dataset with a comparison per key size has a pooled one too
-            pooled = design_comparison(runs, pool_key_sizes=True)
-            designs = pd.concat([pooled, per_key], ignore_index=True)
-            atomic_write(out / "faithfulness_designs.csv", designs.to_csv(index=False))
-            atomic_write(out / "faithfulness_designs.md", _designs_markdown(pooled, per_key))
-            written += [out / "faithfulness_designs.md", out / "faithfulness_designs.csv"]
+        written += write_design_comparison(runs, out)  # pooled over key sizes, and per key size where both ran
         agreement, notes = seed_agreement(runs[usable(runs, "explanations.json")])
         written += [out / "faithfulness.md", out / "faithfulness.csv"]
         if agreement is not None:

@@ -1,5 +1,6 @@
 """Faithfulness over seeds: the faithfulness table (mean ± std per configuration and explainer) and the
-seeds' agreement on the same probe examples (Jensen-Shannon divergence, Kendall tau-b)."""
+seeds' agreement on the same probe examples (Jensen-Shannon divergence, Kendall tau-b). The designs'
+comparison (Welch and equivalence tests) is in designs.py."""
 
 from __future__ import annotations
 
@@ -48,52 +49,6 @@ def faithfulness_table(runs: pd.DataFrame) -> pd.DataFrame | None:
             row["runs"] = n
             rows.append(row)
     return pd.DataFrame(rows)
-
-
-# Per-run scalars compared like the explainers' metrics (as explainer "-"): is attention needed, how
-# accurate, how identifiable.
-RUN_SCALARS = ("uniform_acc_gap", "test_acc", "identifiable_frac")
-
-
-def welch(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
-    """Difference of means a - b, half-width of its Welch 95% confidence interval, and the Welch test's p."""
-    from scipy import stats
-
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    diff, se = a.mean() - b.mean(), float(np.sqrt(va + vb))
-    if se == 0:
-        return diff, 0.0, (1.0 if diff == 0 else 0.0)
-    dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return diff, float(stats.t.ppf(0.975, dof)) * se, float(2 * stats.t.sf(abs(diff) / se, dof))
-
-
-def design_comparison(runs: pd.DataFrame, pool_key_sizes: bool = False) -> pd.DataFrame | None:
-    """Identifiable (add) minus baseline (concat) per dataset, key size, explainer and metric, over seeds:
-    the means and standard deviations, the difference of means, its Welch 95% confidence interval and the
-    Welch test's p-value.
-
-    ``uniform_acc_gap`` (is attention needed?), ``test_acc`` and ``identifiable_frac`` are compared the same
-    way, as explainer ``-``. ``pool_key_sizes``: one comparison per dataset over every key size's runs
-    (key_dim ``all``; each run one sample). Rows need at least two runs of each design."""
-    cols = [(e, m, _faith_column(runs, e, m)) for e in EXPLAINER_ORDER for m in FAITH_METRICS]
-    cols = [c for c in cols if c[2] is not None] + [("-", m, m) for m in RUN_SCALARS if m in runs]
-    if not cols or set(runs["head_combine"]) < {"add", "concat"}:
-        return None
-    groups = (((data, "all"), g) for data, g in runs.groupby("data")) if pool_key_sizes \
-        else runs.groupby(["data", "key_dim"])
-    rows = []
-    for (data, key_dim), g in groups:
-        add, concat = g[g["head_combine"] == "add"], g[g["head_combine"] == "concat"]
-        for e, m, col in cols:
-            a, b = add[col].dropna().to_numpy(float), concat[col].dropna().to_numpy(float)
-            if len(a) < 2 or len(b) < 2:
-                continue
-            diff, half, p = welch(a, b)
-            rows.append({"data": data, "key_dim": key_dim, "explainer": e, "metric": m,
-                         "identifiable": a.mean(), "identifiable_std": a.std(ddof=1), "baseline": b.mean(),
-                         "baseline_std": b.std(ddof=1), "difference": diff, "ci95_low": diff - half,
-                         "ci95_high": diff + half, "welch_p": p, "seeds": f"{len(a)}/{len(b)}"})
-    return pd.DataFrame(rows) if rows else None
 
 
 def js_divergence(p: np.ndarray, q: np.ndarray) -> float:

@@ -3,29 +3,17 @@
 import csv
 import json
 
-import datasets
 import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
+from diag_helpers import VOCAB, TinyData, TinyModule, word_tokenizer
 from lightning.pytorch.loggers import CSVLogger
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from torch.utils.data import DataLoader
 
 from identifiable_transformers.diagnostics.callbacks.identifiability import (
     IdentifiabilityCallback,
     select_probe_indices,
 )
-from identifiable_transformers.models import TransformerClassifier
-
-VOCAB = 60
-
-
-def _tokenizer():
-    vocab = {"<pad>": 0, "<unk>": 1, "<cls>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
-    return Tokenizer(WordLevel(vocab, unk_token="<unk>"))
 
 
 def _rows(n_rows, seed):
@@ -38,44 +26,12 @@ def _rows(n_rows, seed):
     return rows
 
 
-class TinyData(pl.LightningDataModule):
-    def __init__(self):
-        super().__init__()
-        self.tokenizer = _tokenizer()
-        self.train_dataset = datasets.Dataset.from_list(_rows(32, 0))
-        self.val_dataset = datasets.Dataset.from_list(_rows(40, 1))
-
-    def collate(self, rows):
-        T = max(len(r["input_ids"]) for r in rows)
-        ids = torch.zeros(len(rows), T, dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
-        return {"input_ids": ids, "attention_mask": ids != 0, "labels": torch.tensor([r["labels"] for r in rows])}
-
-    def train_dataloader(self):
-        return DataLoader(list(self.train_dataset), batch_size=16, collate_fn=self.collate)
-
-    def val_dataloader(self):
-        return DataLoader(list(self.val_dataset), batch_size=16, collate_fn=self.collate)
+def tiny_data():
+    return TinyData(_rows(32, 0), _rows(40, 1), tokenizer=word_tokenizer())
 
 
-class TinyModule(pl.LightningModule):
-    def __init__(self, head_combine="concat", key_dim=2):
-        super().__init__()
-        self.model = TransformerClassifier(VOCAB, 2, embed_dim=16, num_heads=4, head_combine=head_combine,
-                                           key_dim=key_dim, positional="sinusoidal", max_len=64)
-
-    def _loss(self, batch):
-        return F.cross_entropy(self.model(batch["input_ids"], batch["attention_mask"]).logits, batch["labels"])
-
-    def training_step(self, batch, batch_idx):
-        return self._loss(batch)
-
-    def validation_step(self, batch, batch_idx):
-        self.log("val/loss", self._loss(batch), batch_size=batch["labels"].shape[0])
-
-    def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+def tiny_module(head_combine="concat", key_dim=2):
+    return TinyModule(head_combine=head_combine, key_dim=key_dim, positional="sinusoidal")
 
 
 def _trainer(tmp_path, cb, max_epochs=1, **kw):
@@ -89,7 +45,7 @@ def test_callback_logs_keys_and_writes_plots(tmp_path, async_plots):
     torch.manual_seed(0)
     cb = IdentifiabilityCallback(probe_size=12, num_plot_examples=2, seed=0, async_plots=async_plots, key_aware_examples=0)
     trainer = _trainer(tmp_path, cb)
-    trainer.fit(TinyModule(), datamodule=TinyData())
+    trainer.fit(tiny_module(), datamodule=tiny_data())
 
     logged = trainer.logged_metrics
     for name in ("null_dim", "stochastic_null_dim", "identifiable_frac", "stochastic_identifiable_frac", "alt_tv",
@@ -119,14 +75,14 @@ def test_callback_logs_keys_and_writes_plots(tmp_path, async_plots):
 def test_callback_skips_epochs_and_needs_a_datamodule(tmp_path):
     cb = IdentifiabilityCallback(probe_size=4, every_n_epochs=2, plots=False)
     trainer = _trainer(tmp_path, cb)
-    trainer.fit(TinyModule("add"), datamodule=TinyData())
+    trainer.fit(tiny_module("add"), datamodule=tiny_data())
     assert "val/ident/null_dim" not in trainer.logged_metrics
     assert not (tmp_path / "identifiability" / "epoch_000").exists()
 
-    data = TinyData()
+    data = tiny_data()
     trainer = _trainer(tmp_path / "b", IdentifiabilityCallback(probe_size=4))
     with pytest.raises(RuntimeError, match="datamodule"):
-        trainer.fit(TinyModule(), train_dataloaders=data.train_dataloader(), val_dataloaders=data.val_dataloader())
+        trainer.fit(tiny_module(), train_dataloaders=data.train_dataloader(), val_dataloaders=data.val_dataloader())
 
 
 def test_probe_selection_is_seeded_stratified_and_capped():
@@ -183,7 +139,7 @@ def test_rendered_figures_go_to_wandb_loggers_only_with_their_epoch(tmp_path):
 def test_figures_on_every_nth_and_the_last_epoch_metrics_every_epoch(tmp_path):
     cb = IdentifiabilityCallback(probe_size=6, num_plot_examples=1, plot_every_n_epochs=2, async_plots=False)
     trainer = _trainer(tmp_path, cb, max_epochs=3)
-    trainer.fit(TinyModule(), datamodule=TinyData())
+    trainer.fit(tiny_module(), datamodule=tiny_data())
     epochs = [tmp_path / "identifiability" / f"epoch_{e:03d}" for e in range(3)]
     assert [len(list(d.glob("attention_val*.png"))) for d in epochs] == [0, 1, 1]
     assert [(d / "null_dim_vs_length.png").is_file() for d in epochs] == [False, True, True]
@@ -199,12 +155,12 @@ def test_key_aware_count_per_epoch_or_at_the_end_of_fit(tmp_path, every):
     torch.manual_seed(0)
     cb = IdentifiabilityCallback(probe_size=4, plots=False, key_aware_examples=3, key_aware_every_n_epochs=every)
     trainer = _trainer(tmp_path, cb, max_epochs=2)
-    trainer.fit(TinyModule(key_dim=3), datamodule=TinyData())
+    trainer.fit(tiny_module(key_dim=3), datamodule=tiny_data())
     folder = "epoch_001" if every else "final"
     record = json.loads((tmp_path / "identifiability" / folder / "key_aware.json").read_text())
     # targets 64 (none that long: the longest example, whole), 16 and 8 (examples cut to them)
     lengths = record["lengths"]
-    assert lengths[1:] == [16, 8] and lengths[0] == max(len(x) for x in TinyData().val_dataset["input_ids"])
+    assert lengths[1:] == [16, 8] and lengths[0] == max(len(x) for x in tiny_data().val_dataset["input_ids"])
     expected = np.mean([_generic_key_aware(n) for n in lengths])  # every head has the generic count
     assert record["alternative_dim"] == [[[_generic_key_aware(n)] * 4] for n in lengths]
     metrics = trainer.callback_metrics

@@ -3,19 +3,16 @@
 import json
 from types import SimpleNamespace
 
-import datasets
 import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as nnF
+from diag_helpers import TinyData, TinyModule
 from lightning.pytorch.loggers import CSVLogger
-from torch.utils.data import DataLoader
 
 from identifiable_transformers.diagnostics.callbacks.faithfulness import FaithfulnessCallback
 from identifiable_transformers.diagnostics.callbacks.identifiability import IdentifiabilityCallback
 from identifiable_transformers.diagnostics.faithfulness import CHEAP_EXPLAINERS, METRICS
-from identifiable_transformers.models import TransformerClassifier
 from identifiable_transformers.training import run
 
 
@@ -104,49 +101,12 @@ def _rows(n_rows, seed):
                     "rationale": list(range(1, n)) if i % 2 == 0 else []})
     return out
 
-class RationaleData(pl.LightningDataModule):
-    has_rationales = True
-    tokenizer = None
-
-    def __init__(self):
-        super().__init__()
-        self.train_dataset = datasets.Dataset.from_list(_rows(32, 0))
-        self.val_dataset = datasets.Dataset.from_list(_rows(40, 1))
-
-    def collate(self, batch):
-        T = max(len(r["input_ids"]) for r in batch)
-        ids = torch.zeros(len(batch), T, dtype=torch.long)
-        for i, r in enumerate(batch):
-            ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
-        return {"input_ids": ids, "attention_mask": ids != 0, "labels": torch.tensor([r["labels"] for r in batch])}
-
-    def train_dataloader(self):
-        return DataLoader(list(self.train_dataset), batch_size=16, collate_fn=self.collate)
-
-    def val_dataloader(self):
-        return DataLoader(list(self.val_dataset), batch_size=16, collate_fn=self.collate)
-
-class TinyModule(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.model = TransformerClassifier(60, 2, embed_dim=16, num_heads=4, key_dim=2, max_len=64)
-
-    def training_step(self, batch, batch_idx):
-        return nnF.cross_entropy(self.model(batch["input_ids"], batch["attention_mask"]).logits, batch["labels"])
-
-    def validation_step(self, batch, batch_idx):
-        pass
-
-    def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
-
-
 def _fit(tmp_path, faith, progress_bar=False):
     trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, default_root_dir=tmp_path,
                          callbacks=[IdentifiabilityCallback(probe_size=12, plots=False), faith],
                          logger=CSVLogger(tmp_path, name="csv"), enable_checkpointing=False,
                          enable_progress_bar=progress_bar, enable_model_summary=False, num_sanity_val_steps=0)
-    trainer.fit(TinyModule(), datamodule=RationaleData())
+    trainer.fit(TinyModule(), datamodule=TinyData(_rows(32, 0), _rows(40, 1), has_rationales=True))
     return trainer
 
 

@@ -4,14 +4,12 @@ callbacks against an explicit loop over the per-example reports, and the identif
 import json
 from types import SimpleNamespace
 
-import datasets
 import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
+from diag_helpers import VOCAB, TinyData, TinyModule
 from lightning.pytorch.loggers import CSVLogger
-from torch.utils.data import DataLoader
 
 from identifiable_transformers.diagnostics import attention_identifiability
 from identifiable_transformers.diagnostics.callbacks.faithfulness import FaithfulnessCallback, binned_metrics
@@ -24,8 +22,6 @@ from identifiable_transformers.diagnostics.callbacks.probes import (
 from identifiable_transformers.diagnostics.faithfulness import CHEAP_EXPLAINERS, faithfulness_report
 from identifiable_transformers.diagnostics.faithfulness import uniform_attention_logits as uniform_logits
 from identifiable_transformers.models import TransformerClassifier
-
-VOCAB = 60
 
 
 # ------------------------------------------------------------------------------------------- bins
@@ -172,43 +168,8 @@ def _rows(n_rows, seed, lo=2, hi=60):
     return out
 
 
-class LongData(pl.LightningDataModule):
-    has_rationales = True
-    tokenizer = None
-    max_length = 60
-
-    def __init__(self):
-        super().__init__()
-        self.train_dataset = datasets.Dataset.from_list(_rows(32, 0))
-        self.val_dataset = datasets.Dataset.from_list(_rows(80, 1))
-
-    def collate(self, rows):
-        T = max(len(r["input_ids"]) for r in rows)
-        ids = torch.zeros(len(rows), T, dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
-        return {"input_ids": ids, "attention_mask": ids != 0, "labels": torch.tensor([r["labels"] for r in rows])}
-
-    def train_dataloader(self):
-        return DataLoader(list(self.train_dataset), batch_size=16, collate_fn=self.collate)
-
-    def val_dataloader(self):
-        return DataLoader(list(self.val_dataset), batch_size=16, collate_fn=self.collate)
-
-
-class TinyModule(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.model = _model("concat").train()
-
-    def training_step(self, batch, batch_idx):
-        return F.cross_entropy(self.model(batch["input_ids"], batch["attention_mask"]).logits, batch["labels"])
-
-    def validation_step(self, batch, batch_idx):
-        pass
-
-    def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+def long_data():
+    return TinyData(_rows(32, 0), _rows(80, 1), has_rationales=True, max_length=60)
 
 
 def _fit(tmp_path, faith):
@@ -216,8 +177,8 @@ def _fit(tmp_path, faith):
     trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, default_root_dir=tmp_path,
                          callbacks=[ident, faith], logger=CSVLogger(tmp_path, name="csv"), enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
-    module = TinyModule()
-    trainer.fit(module, datamodule=LongData())
+    module = TinyModule(_model("concat").train())
+    trainer.fit(module, datamodule=long_data())
     return trainer, module, json.loads((tmp_path / "identifiability" / "probe.json").read_text())
 
 
@@ -241,10 +202,10 @@ def test_both_callbacks_log_every_bin_and_faithfulness_bins_equal_an_explicit_lo
         assert float(logged[f"val/ident/len_le_{b}/null_dim"]) == pytest.approx(
             np.mean([max(0, n - 4) for n in lengths if n <= b]))  # concat d_v = 4: the closed form
     # faithfulness: recompute the per-example report on the probe with the trained model, then bin by hand
-    batch = LongData().collate([LongData().val_dataset[i] for i in probe["indices"]])
+    batch = long_data().collate([long_data().val_dataset[i] for i in probe["indices"]])
     rationale = torch.zeros_like(batch["attention_mask"])
     for r, i in enumerate(probe["indices"]):
-        rationale[r, LongData().val_dataset[i]["rationale"]] = True
+        rationale[r, long_data().val_dataset[i]["rationale"]] = True
     rep = faithfulness_report(module.model, batch["input_ids"], batch["attention_mask"], batch["labels"],
                               explainers=CHEAP_EXPLAINERS, seed=0, rationale_mask=rationale, random_draws=2)
     uniform = uniform_logits(module.model, batch["input_ids"], batch["attention_mask"]).argmax(-1)

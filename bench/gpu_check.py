@@ -26,25 +26,9 @@ import torch
 
 from identifiable_transformers.models import MultiHeadSelfAttention, TransformerClassifier, attention
 from identifiable_transformers.models import dropout as dropout_module
+from identifiable_transformers.models.reference import loop_attention
 
 DEVICE = torch.device("cuda")  # --cpu: the CPU
-
-
-def loop_reference(attn: MultiHeadSelfAttention, x: torch.Tensor, mask: torch.Tensor, drop=None, scale=1.0):
-    """Per example and head in float64 on the CPU: masked softmax, optional dropout (True = dropped), concat or sum."""
-    b, t, _ = x.shape
-    h, dk, dv = attn.num_heads, attn.key_dim, attn.value_dim
-    q, k, v = attn.q_proj(x).view(b, t, h, dk), attn.k_proj(x).view(b, t, h, dk), attn.v_proj(x).view(b, t, h, dv)
-    out = []
-    for i in range(b):
-        heads = []
-        for j in range(h):
-            a = torch.softmax((q[i, :, j] @ k[i, :, j].T / math.sqrt(dk)).masked_fill(~mask[i][None], -math.inf), -1)
-            if drop is not None:
-                a = a.masked_fill(drop[i, j], 0.0) * scale
-            heads.append(a @ v[i, :, j])
-        out.append(torch.cat(heads, -1) if attn.head_combine == "concat" else sum(heads))
-    return attn.out_proj(torch.stack(out))
 
 
 def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -67,7 +51,7 @@ def check_paths(results: list) -> None:
         x = torch.randn(b, t, d, dtype=torch.float64, requires_grad=True)
         ref_attn = MultiHeadSelfAttention(d, h, key_dim=dk, head_combine=combine).double()
         ref_attn.load_state_dict(attn.state_dict())
-        ref = loop_reference(ref_attn, x, mask)
+        ref = loop_attention(ref_attn, x, mask)
         (ref_grad,) = torch.autograd.grad(ref[mask].square().sum(), x)
         gpu = attn.to(DEVICE)
         xg = x.detach().float().to(DEVICE)
@@ -88,7 +72,7 @@ def check_paths(results: list) -> None:
             gpu.train()
             out, keep, scale = _forward_with_keep(gpu, xg, mask.to(DEVICE))
             dropped = ~keep.cpu()
-            ref_drop = loop_reference(ref_attn, x.detach(), mask, drop=dropped, scale=scale)
+            ref_drop = loop_attention(ref_attn, x.detach(), mask, drop=dropped, scale=scale)
             label = f"{combine} dk={gpu.key_dim} dropout {'F.dropout' if small else 'keep_mask'}"
             results.append((f"{label} fp32", rel(out, ref_drop), 1e-4))
             real = (mask[:, None, :, None] & mask[:, None, None, :]).expand_as(dropped)

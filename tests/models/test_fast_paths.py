@@ -14,6 +14,7 @@ from identifiable_transformers.models import (
 )
 from identifiable_transformers.models import dropout as dropout_module
 from identifiable_transformers.models.attention import Dropout, keep_mask
+from identifiable_transformers.models.reference import loop_attention
 
 
 def _mask(lengths, t):
@@ -24,27 +25,6 @@ def _random_biases(attn: MultiHeadSelfAttention) -> None:
     with torch.no_grad():
         for lin in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj):
             lin.bias.normal_()
-
-
-def _loop_attention(attn, x, mask, drop=None, scale=1.0):
-    """Per example and head, from the separate nn.Linear projections: softmax over the real keys,
-    optional dropout (``drop``: (B, H, T, T) True = dropped, kept weights times ``scale``), then concat or sum."""
-    b, t, _ = x.shape
-    h, dk, dv = attn.num_heads, attn.key_dim, attn.value_dim
-    q = attn.q_proj(x).view(b, t, h, dk)
-    k = attn.k_proj(x).view(b, t, h, dk)
-    v = attn.v_proj(x).view(b, t, h, dv)
-    out = []
-    for i in range(b):
-        heads = []
-        for j in range(h):
-            logits = q[i, :, j] @ k[i, :, j].T / math.sqrt(dk)
-            a = torch.softmax(logits.masked_fill(~mask[i][None, :], -math.inf), dim=-1)
-            if drop is not None:
-                a = a.masked_fill(drop[i, j], 0.0) * scale
-            heads.append(a @ v[i, :, j])
-        out.append(torch.cat(heads, -1) if attn.head_combine == "concat" else sum(heads))
-    return attn.out_proj(torch.stack(out))
 
 
 @pytest.mark.parametrize("head_combine", ["concat", "add"])
@@ -76,7 +56,7 @@ def test_full_rows_need_no_mask(head_combine, need_weights):
     with_mask, w1 = attn(x, full, need_weights)
     without, w2 = attn(x, None, need_weights)
     torch.testing.assert_close(with_mask, without)
-    torch.testing.assert_close(without, _loop_attention(attn, x, full), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(without, loop_attention(attn, x, full), atol=1e-5, rtol=1e-5)
     if need_weights:
         torch.testing.assert_close(w1, w2)
 
@@ -122,7 +102,7 @@ def test_training_path_with_dropout_equals_the_loop_with_the_same_mask(head_comb
         keep, scale = keep_mask(torch.Size([3, 4, 9, 9]), 0.3)
     drop = ~keep
     assert drop.any() and not drop.all()
-    expected = _loop_attention(attn, x, mask, drop, scale)
+    expected = loop_attention(attn, x, mask, drop, scale)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     params = [x, *attn.parameters()]
     got = torch.autograd.grad((out * probe).sum(), params)
@@ -170,7 +150,7 @@ def test_chunked_path_without_dropout_matches_the_explicit_path(head_combine, mo
     out, _ = attn(x, mask)
     assert calls == [1]
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(out, _loop_attention(attn, x, mask), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, loop_attention(attn, x, mask), atol=1e-5, rtol=1e-5)
 
 
 def test_chunked_path_runs_under_bf16_autocast(monkeypatch):
@@ -341,7 +321,7 @@ def test_sdpa_pads_small_keys_without_changing_the_result():
     torch.testing.assert_close(outs[1], outs[0], atol=1e-6, rtol=1e-6)
     grads = [torch.autograd.grad(o.square().sum(), x, retain_graph=True)[0] for o in outs]
     torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(attn.out_proj(attn._combine(outs[1])), _loop_attention(attn, x, mask), atol=1e-5,
+    torch.testing.assert_close(attn.out_proj(attn._combine(outs[1])), loop_attention(attn, x, mask), atol=1e-5,
                                rtol=1e-5)
 
 

@@ -41,6 +41,7 @@ class PretrainedClassifier(nn.Module):
             raise ValueError(f"num_classes must be >= 1, got {num_classes}")
         if getattr(config, "_attn_implementation", None) != ATTENTION:
             raise ValueError(f"the encoder must be built with attn_implementation={ATTENTION!r}")
+        encoder.train()  # from_pretrained returns it in eval mode, and Lightning keeps the modes it finds
         self.encoder, self.family = encoder, family
         self.pooling = pooling
         positions = family.max_tokens(config)

@@ -92,8 +92,10 @@ def summarize_report(report: dict[str, Any], prefix: str = "val/ident") -> dict[
     out[f"{prefix}/joint_identifiable_frac"] = float((report["joint_null_dim"] == 0).double().mean())
     out[f"{prefix}/witness_rel_error_max"] = float(report["witness_rel_error"].max())
     for l in range(L):
-        if L > 1:
+        if L > 1:  # per-layer means (a pretrained encoder has 6-24 layers)
             out[f"{prefix}/l{l}/joint_null_dim"] = float(report["joint_null_dim"][:, l].double().mean())
+            out[f"{prefix}/l{l}/null_dim"] = float(nd[:, l].double().mean())
+            out[f"{prefix}/l{l}/identifiable_frac"] = float((nd[:, l] == 0).double().mean())
         for h in range(H):
             p = f"{prefix}/l{l}_h{h}"
             for key, name in _LOGGED.items():

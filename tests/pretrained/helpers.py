@@ -12,11 +12,14 @@ WORDS = ("the a an and of to is it in that this film movie good bad great best w
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def wordpiece_vocab() -> dict[str, int]:
-    """Specials, words, letters, digits, punctuation and their ``##`` continuations: every text tokenizes."""
+def wordpiece_vocab(seed: int | None = None) -> dict[str, int]:
+    """Specials, words, letters, digits, punctuation and their ``##`` continuations: every text tokenizes.
+    With ``seed`` the non-special tokens are shuffled: the same vocabulary under other ids."""
     pieces = list(string.ascii_lowercase + string.digits + string.punctuation)
-    tokens = [*SPECIALS, *WORDS, *pieces, *(f"##{p}" for p in pieces)]
-    return {t: i for i, t in enumerate(dict.fromkeys(tokens))}
+    tokens = list(dict.fromkeys([*WORDS, *pieces, *(f"##{p}" for p in pieces)]))
+    if seed is not None:
+        tokens = [tokens[i] for i in torch.randperm(len(tokens), generator=torch.Generator().manual_seed(seed))]
+    return {t: i for i, t in enumerate([*SPECIALS, *tokens])}
 
 
 def tiny_config(family: str, vocab_size: int, heads: int = 4, layers: int = 2, positions: int = 130):
@@ -37,11 +40,11 @@ def tiny_config(family: str, vocab_size: int, heads: int = 4, layers: int = 2, p
     raise ValueError(family)
 
 
-def save_tiny_bert(folder: Path, family: str = "bert", seed: int = 0, **kw) -> Path:
+def save_tiny_bert(folder: Path, family: str = "bert", seed: int = 0, vocab_seed: int | None = None, **kw) -> Path:
     """A random BERT-style encoder of ``family`` with a WordPiece tokenizer, saved with save_pretrained."""
     from transformers import AutoModel, BertTokenizer
 
-    vocab = wordpiece_vocab()
+    vocab = wordpiece_vocab(vocab_seed)
     torch.manual_seed(seed)
     model = AutoModel.from_config(tiny_config(family, len(vocab), **kw))
     model.save_pretrained(folder)

@@ -170,6 +170,8 @@ def build_pretrained_classifier(name_or_path: str, num_classes: int, *, pooling:
     from .. import hf_loading
 
     register_attention()
+    if hf_config is None and hf_loading.is_local(name_or_path):
+        hf_loading.check_folder(name_or_path, what, weights=True)  # also in the config checks: before any data
     if hf_config is not None:
         config_dict = dict(hf_config)
         model_type = config_dict.pop("model_type", None)

@@ -39,7 +39,7 @@ def test_tiny_bert_trains_logs_diagnostics_and_its_checkpoint_is_analysed(make_c
 
     # Resuming with another checkpoint's tokenizer (same sizes, other ids) is refused before training.
     other = save_tiny_bert(tmp_path / "other", vocab_seed=1)
-    again = make_cfg(*FAST, f"model.name_or_path={other}", f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}",
-                     fast=False, out="run2")
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    again = make_cfg(*FAST, f"model.name_or_path={other}", f"ckpt_path={last}", fast=False, out="run2")
     with pytest.raises(CheckpointError, match="another tokenizer"):
         run(again)

@@ -2,12 +2,15 @@
 every diagnostic, and its checkpoint works with analyze.py, the report and a resume (offline, CPU, few batches)."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
+import torch
 from helpers import save_tiny_bert
+from tokenizers import Tokenizer
 
 from identifiable_transformers.checkpoint import CheckpointError
-from identifiable_transformers.training import run
+from identifiable_transformers.training import _check_same_tokenizer, run
 
 # conftest's FAST, less its model.* sizes (a pretrained encoder has its own), with small diagnostics
 FAST = ["trainer=cpu", "logger=none", "trainer.max_epochs=1", "trainer.limit_train_batches=3",
@@ -43,3 +46,8 @@ def test_tiny_bert_trains_logs_diagnostics_and_its_checkpoint_is_analysed(make_c
     again = make_cfg(*FAST, f"model.name_or_path={other}", f"ckpt_path={last}", fast=False, out="run2")
     with pytest.raises(CheckpointError, match="another tokenizer"):
         run(again)
+    # The same tokenizer truncating elsewhere (a resume with another data.max_length) means the same ids: accepted.
+    saved = torch.load(last, weights_only=True)
+    shorter = Tokenizer.from_str(saved["hyper_parameters"]["tokenizer_json"])
+    shorter.enable_truncation(32)
+    _check_same_tokenizer(saved, SimpleNamespace(tokenizer=shorter, vocab_size=shorter.get_vocab_size()), last)

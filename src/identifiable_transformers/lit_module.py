@@ -133,8 +133,8 @@ class TextClassifier(pl.LightningModule):
         ``weights_only=True``: a checkpoint never names code to run."""
         ckpt, data = read_checkpoint(checkpoint_path)
         if cls is TextClassifier and "name_or_path" in (ckpt.get("hyper_parameters") or {}):
-            raise CheckpointError(f"{checkpoint_path} holds a pretrained Hugging Face encoder (model=pretrained): load it "
-                                  "with identifiable_transformers.loading.load_module(path)")
+            raise CheckpointError(f"{checkpoint_path} holds a pretrained Hugging Face encoder (model=pretrained): "
+                                  "load it with identifiable_transformers.loading.load_module(path)")
         kwargs["weights_only"] = True
         return super().load_from_checkpoint(io.BytesIO(data), map_location, hparams_file, strict, **kwargs)
 

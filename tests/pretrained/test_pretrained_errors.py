@@ -63,6 +63,16 @@ def test_an_uncached_hub_id_fails_fast_offline(make_cfg, monkeypatch):
         check_config(make_cfg(*BASE, "model.name_or_path=identifiable-transformers-tests/no-such-model", fast=False))
 
 
+def test_an_uncached_hub_id_fails_fast_when_the_hub_is_unreachable(make_cfg, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing answers
+    with pytest.raises(ConnectionError, match=r"not in the Hugging Face cache, and the hub \(http://127.0.0.1:9\) is "
+                                              "unreachable"):
+        check_config(make_cfg(*BASE, "model.name_or_path=identifiable-transformers-tests/no-such-model", fast=False))
+
+
 def test_the_command_line_prints_one_error_line(tmp_path):
     (tmp_path / "empty").mkdir()
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *BASE, f"model.name_or_path={tmp_path / 'empty'}",

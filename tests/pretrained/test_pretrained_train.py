@@ -20,7 +20,8 @@ FAST = ["trainer=cpu", "logger=none", "trainer.max_epochs=1", "trainer.limit_tra
         "callbacks.identifiability.plots=false", "callbacks.faithfulness.final=false"]
 
 
-def test_tiny_bert_trains_logs_diagnostics_and_its_checkpoint_is_analysed(make_cfg, tmp_path, tiny_bert, run_analyze):
+def test_tiny_bert_trains_logs_diagnostics_and_its_checkpoint_is_analysed(make_cfg, tmp_path, tiny_bert, run_analyze,
+                                                                          cache_dir):
     result = run(make_cfg(*FAST, f"model.name_or_path={tiny_bert}", fast=False))
     m = result["metrics"]
     assert {"test/acc", "val/ident/identifiable_frac", "val/ident/null_dim", "val/ident/l1/identifiable_frac",
@@ -34,6 +35,10 @@ def test_tiny_bert_trains_logs_diagnostics_and_its_checkpoint_is_analysed(make_c
 
     report = run_analyze([f"ckpt_path={ckpt}", 'text="a gripping, beautiful film"', f"output_dir={tmp_path / 'an'}"])
     assert (tmp_path / "an" / "report.json").is_file() and str(report).endswith("report.html")
+    # split=...: the data module is rebuilt from the checkpoint's data settings (the pretrained one, by name)
+    run_analyze([f"ckpt_path={ckpt}", "split=validation", "num_examples=2", f"paths.cache_dir={cache_dir}",
+                 f"output_dir={tmp_path / 'an2'}"])
+    assert (tmp_path / "an2" / "report.json").is_file()
 
     from identifiable_transformers.report.cli import main as report_main
 

@@ -103,7 +103,7 @@ def _split_batch(cfg: DictConfig, module):
 @exit_on_user_error
 def main(cfg: DictConfig) -> str:
     from identifiable_transformers.diagnostics.render.report_html import build_report, tokens_for_batch
-    from identifiable_transformers.lit_module import TextClassifier
+    from identifiable_transformers.loading import load_module
 
     ckpt = Path(str(cfg.ckpt_path)).expanduser()
     if not ckpt.is_file():
@@ -113,7 +113,7 @@ def main(cfg: DictConfig) -> str:
     _check_num_examples(cfg)
     if cfg.get("output_dir"):  # before any work: a file in the way would fail only once the report is drawn
         ensure_output_dir(cfg.output_dir, "output_dir")
-    module = TextClassifier.load_from_checkpoint(str(ckpt), map_location="cpu")
+    module = load_module(ckpt)  # the project's encoder or a pretrained one (model=pretrained)
     model = module.model.eval()
     tokenizer = module.tokenizer
     if texts is not None:

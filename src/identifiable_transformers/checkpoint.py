@@ -159,6 +159,18 @@ def check_compatible(ckpt: dict[str, Any], module: torch.nn.Module, path: str | 
 # ``identifiable_transformers.data_evil.X`` through.
 DATA_MODULE_TARGETS = ("identifiable_transformers.data.TextDataModule",
                        "identifiable_transformers.data.datamodule.TextDataModule")
+# model=pretrained's data module (the same data, the checkpoint's own tokenizer): also allowed, by its exact name.
+PRETRAINED_DATA_TARGET = "identifiable_transformers.data.pretrained.PretrainedTextDataModule"
+
+
+def _data_module_class(target: str):
+    if target == PRETRAINED_DATA_TARGET:
+        from .data.pretrained import PretrainedTextDataModule
+
+        return PretrainedTextDataModule
+    from .data import TextDataModule
+
+    return TextDataModule
 
 
 def _plain(value: Any) -> bool:
@@ -178,17 +190,15 @@ def data_module_kwargs(data_cfg: Any, what: str = "checkpoint", fix: str = "") -
     ``TextDataModule`` argument and every value a plain one. Anything else is a :class:`CheckpointError`;
     nothing in ``data_cfg`` is imported, called or resolved. ``what`` names the checkpoint in the
     message, ``fix`` (a sentence) ends it."""
-    from .data import TextDataModule
-
     if not isinstance(data_cfg, dict):
         raise CheckpointError(f"{what}: its data_cfg is a {type(data_cfg).__name__}, not a mapping of data "
                               f"settings.{fix}")
     values = dict(data_cfg)
     target = values.pop("_target_", DATA_MODULE_TARGETS[0])
-    if target not in DATA_MODULE_TARGETS:
+    if target not in (*DATA_MODULE_TARGETS, PRETRAINED_DATA_TARGET):
         raise CheckpointError(f"{what}: its data_cfg names _target_={target!r}, not {DATA_MODULE_TARGETS[0]}: refused "
                               f"(a checkpoint's _target_ is never run).{fix}")
-    allowed = set(inspect.signature(TextDataModule).parameters)
+    allowed = set(inspect.signature(_data_module_class(target)).parameters)
     unknown = sorted(str(k) for k in values if k not in allowed)
     if unknown:
         raise CheckpointError(f"{what}: its data_cfg has keys {unknown} that TextDataModule does not take: "
@@ -203,9 +213,9 @@ def data_module_kwargs(data_cfg: Any, what: str = "checkpoint", fix: str = "") -
 def data_module_from_checkpoint(data_cfg: Any, cache_dir: str, what: str = "checkpoint", fix: str = ""):
     """``TextDataModule(**data_module_kwargs(data_cfg))`` with this machine's ``cache_dir`` (the
     checkpoint's is the training machine's)."""
-    from .data import TextDataModule
-
-    return TextDataModule(**{**data_module_kwargs(data_cfg, what, fix), "cache_dir": str(cache_dir)})
+    target = data_cfg.get("_target_", DATA_MODULE_TARGETS[0]) if isinstance(data_cfg, dict) else None
+    kwargs = data_module_kwargs(data_cfg, what, fix)  # checks target too
+    return _data_module_class(target)(**{**kwargs, "cache_dir": str(cache_dir)})
 
 
 @contextmanager

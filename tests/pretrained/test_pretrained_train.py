@@ -9,7 +9,7 @@ import torch
 from helpers import save_tiny_bert
 from tokenizers import Tokenizer
 
-from identifiable_transformers.checkpoint import CheckpointError
+from identifiable_transformers.cli import UserError
 from identifiable_transformers.training import _check_same_tokenizer, run
 
 # conftest's FAST, less its model.* sizes (a pretrained encoder has its own), with small diagnostics
@@ -45,11 +45,12 @@ def test_tiny_bert_trains_logs_diagnostics_and_its_checkpoint_is_analysed(make_c
     assert report_main([str(tmp_path / "run"), "--no-key-aware"]) == 0
     assert "| 32 | 4 | 8 | 8 |" in (tmp_path / "run" / "results.md").read_text()  # embed, heads, key, value sizes
 
-    # Resuming with another checkpoint's tokenizer (same sizes, other ids) is refused before training.
+    # Resuming with another checkpoint (same sizes, other token ids) is refused before training: the resume check
+    # names the encoder and its tokenizer, old -> new.
     other = save_tiny_bert(tmp_path / "other", vocab_seed=1)
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     again = make_cfg(*FAST, f"model.name_or_path={other}", f"ckpt_path={last}", fast=False, out="run2")
-    with pytest.raises(CheckpointError, match="another tokenizer"):
+    with pytest.raises(UserError, match=r"other settings .*model.name_or_path .* -> .*data.pretrained_tokenizer"):
         run(again)
     # The same tokenizer truncating elsewhere (a resume with another data.max_length) means the same ids: accepted.
     saved = torch.load(last, weights_only=True)

@@ -65,13 +65,19 @@ _DIRECT_SVD_MAX = 1536
 _ROW_CHUNK = 64
 
 
-def _svd_rank(s: Tensor, rows: int, cols: int) -> tuple[Tensor, Tensor, Tensor]:
+def _svd_rank(s: Tensor, rows: int, cols: int, scale: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Rank, tolerance and margin from singular values s [..., k] (descending) of rows x cols matrices.
 
     margin = min(s_r / tol, tol / s_{r+1}): the distance, as a ratio, of the closest singular value
-    to the threshold (inf when there is none on one side).
+    to the threshold (inf when there is none on one side). ``scale``: the matrices' known scale, for products
+    of orthonormal bases (scale 1), whose own largest singular value can itself be rounding noise; the tolerance
+    is then scale * max(rows, cols) * eps instead of relative to s_1.
     """
-    rank, tol = _rank_from_singular_values(s, rows, cols)  # the rule every rank of the package uses
+    if scale is None:
+        rank, tol = _rank_from_singular_values(s, rows, cols)  # the rule every rank of the package uses
+    else:
+        tol = torch.full(s.shape[:-1], scale * max(rows, cols) * _EPS, dtype=s.dtype, device=s.device)
+        rank = (s > tol.unsqueeze(-1)).sum(-1)
     keep = s > tol.unsqueeze(-1)
     inf = torch.full_like(tol, math.inf)
     if s.shape[-1]:
@@ -368,7 +374,9 @@ def _structured(Q: Tensor, K: Tensor, A: Tensor, T: Tensor) -> dict[str, Any]:
             m_rows = min(m_rows, float((s[:, -1] / (s[:, 0] * max(n, d) * _EPS)).min()))
         # g_i = rank(C_Kc^T U_i) (U_i is orthogonal to 1); its null vectors span Z_i
         _, sm, Vh = torch.linalg.svd(Ckc.T[None].expand(c, -1, -1) @ U, full_matrices=True)  # Vh (c, d, d)
-        g, _, mg = _svd_rank(sm, Ckc.shape[1], d)
+        # C_Kc and U_i have orthonormal columns: sm are cosines of principal angles, on the scale 1 (relative to
+        # their own largest, a product that is all rounding noise would be called rank 1)
+        g, _, mg = _svd_rank(sm, Ckc.shape[1], d, scale=1.0)
         m_g = min(m_g, float(mg.min()))
         g_sum += int(g.sum())
         null = torch.arange(d)[None] >= g[:, None]  # (c, d) right singular vectors spanning the null space

@@ -9,6 +9,7 @@ stand-in trainer whose ``save_checkpoint`` writes a small genuine checkpoint.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,9 +38,12 @@ def _trainer(step: int):
         torch.save({"state_dict": {"w": torch.full((3,), float(step))}, "hyper_parameters": {}, "global_step": step},
                    path)
 
+    # a validation inside the epoch (val_check_interval), which saves last.ckpt at once
+    mid_epoch = SimpleNamespace(is_last_batch=False, current=SimpleNamespace(ready=1))
     return SimpleNamespace(sanity_checking=False, fast_dev_run=False, state=SimpleNamespace(fn="fit"),
                            is_global_zero=True, global_step=step, checkpoint_callbacks=[],
-                           save_checkpoint=save_checkpoint)
+                           save_checkpoint=save_checkpoint, num_training_batches=10,
+                           fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=mid_epoch)))
 
 
 def _kill_at_rename_onto(target: Path, monkeypatch) -> list:
@@ -51,6 +55,8 @@ def _kill_at_rename_onto(target: Path, monkeypatch) -> list:
         def wrapped(src, dst, *a, **kw):
             if Path(dst).resolve() == target.resolve():
                 attempts.append(str(src))
+                # what a real kill leaves on disk: the exception below lets the writer clean its temporary file up
+                shutil.copyfile(src, f"{src}.left")
                 raise _Killed(f"killed while renaming {src} onto {dst}")
             return real(src, dst, *a, **kw)
         return wrapped
@@ -88,7 +94,7 @@ def test_the_temporary_file_of_a_killed_swap_also_matches_the_checksum(tmp_path,
         cb.on_validation_end(_trainer(2), None)
     monkeypatch.undo()
     assert len(attempts) == 1
-    new = Path(attempts[0])
+    new = Path(f"{attempts[0]}.left")  # the temporary file a real kill leaves
     assert new.is_file()
     new.replace(last)  # finish the swap by hand
     assert read_checkpoint(last)[0]["global_step"] == 2

@@ -186,7 +186,7 @@ def _key_aware_json(d: Path, alternative: int) -> Path:
     path = d / "identifiability" / "key_aware.json"
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps({"targets": [16], "lengths": [16], "alternative_dim": [[[alternative, 0]]],
-                                "key_agnostic_dim": [[[0, 0]]], "tangent_dim": [[[1, 1]]], "margin": [[[2.0, None]]]}))
+                                "key_agnostic_dim": [[[0, 0]]], "tangent_dim": [[[1, 1]]], "margin": [[[20.0, None]]]}))  # resolved (>= 10)
     return path
 
 

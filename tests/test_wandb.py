@@ -162,7 +162,7 @@ def test_offline_run_has_epoch_axis_summaries_tables_group_overrides_and_files(m
         assert image_rows == [last]  # drawn on the last epoch only (plot_every_n_epochs=10)
     heads = 4  # one layer, 4 heads; the table holds every epoch so far
     assert [h["val/ident/heads/nrows"] for h in val_rows] == [heads, 2 * heads]
-    assert last["val/ident/heads/ncols"] == 11
+    assert last["val/ident/heads/ncols"] == 15  # epoch, layer, head, 10 metrics (4 of them epsilon), 2 fractions
     probe = [h for h in rec.history if "val/ident/probe/nrows" in h]
     assert len(probe) == 1 and probe[0]["val/ident/probe/nrows"] == 8 * heads and probe[0]["epoch"] == 1
     files = rec.path.parent / "files"
@@ -419,6 +419,10 @@ def test_a_run_is_started_without_the_anonymous_setting(monkeypatch, tmp_path, c
     assert "anonymous" in lightning_kwargs and "anonymous" not in ours
     assert {k: v for k, v in lightning_kwargs.items() if k != "anonymous"} == ours  # nothing else changed
     monkeypatch.setattr(wandb.errors.term, "_printed_messages", set())
+    # an earlier W&B run in this process may have silenced its terminal or sent it to a logger
+    monkeypatch.setattr(wandb.errors.term, "_silent", False)
+    monkeypatch.setattr(wandb.errors.term, "_show_warnings", True)
+    monkeypatch.setattr(wandb.errors.term, "_logger", None)
     monkeypatch.delenv("WANDB_SILENT", raising=False)
     wandb.Settings(anonymous=lightning_kwargs["anonymous"])
     assert "The anonymous setting has no effect" in capfd.readouterr().err

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import time
 from pathlib import Path
 
 from .cli import UserError
@@ -59,7 +60,13 @@ def lock_run_folder(folder: str | os.PathLike, key: str = "hydra.run.dir") -> bo
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        owner = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        owner = ""
+        for _ in range(20):  # the holder writes its pid just after taking the lock: give it a moment
+            owner = os.pread(fd, 200, 0).decode(errors="replace").strip()
+            if owner:
+                break
+            time.sleep(0.05)
+        owner = owner or "another process"
         os.close(fd)
         raise FolderInUseError(f"the run folder {folder} is in use by another run ({owner}): two runs in one folder "
                                f"would overwrite each other's checkpoints and metrics. Pass another {key}=DIR, or "

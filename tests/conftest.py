@@ -137,3 +137,25 @@ def rewrite_checkpoint():
         return dst
 
     return rewrite
+
+
+@pytest.fixture(scope="session")
+def one_step_checkpoint(tmp_path_factory):
+    """one_step_checkpoint(module, vocab_size) -> path: ``module`` trained one AdamW step on 4 random 5-token
+    examples (ids from 4 up) and saved as a full Lightning checkpoint: a genuine checkpoint, made fast."""
+    import lightning.pytorch as pl
+    import torch
+
+    def make(module, vocab_size: int) -> Path:
+        ids = torch.randint(4, vocab_size, (4, 5))
+        data = [{"input_ids": ids[i], "attention_mask": torch.ones(5, dtype=torch.bool), "labels": torch.tensor(i % 2)}
+                for i in range(4)]
+        trainer = pl.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False,
+                             default_root_dir=tmp_path_factory.mktemp("fit"))
+        trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(data, batch_size=4))
+        path = tmp_path_factory.mktemp("ckpt") / "model.ckpt"
+        trainer.save_checkpoint(path)
+        return path
+
+    return make

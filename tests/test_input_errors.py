@@ -59,10 +59,8 @@ def test_ig_steps_zero_ends_train_py_before_any_data(tmp_path, cache_dir):
 
 # ------------------------------------------------------------------------------------------------ analyze.py
 @pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory) -> Path:
+def tiny_ckpt(one_step_checkpoint) -> Path:
     """A one-step checkpoint with the project's tokenizer (it drops HTML line breaks, as for IMDb)."""
-    import lightning.pytorch as pl
-    import torch
 
     from identifiable_transformers.data.tokenizer import train_tokenizer
     from identifiable_transformers.lit_module import TextClassifier
@@ -70,16 +68,7 @@ def tiny_ckpt(tmp_path_factory) -> Path:
     tok = train_tokenizer(["a fine film", "a dull film", "fine and dull"] * 2, vocab_size=20)
     module = TextClassifier(tok.get_vocab_size(), 2, embed_dim=8, num_heads=2, ffn_dim=16, max_len=16,
                             label_names=["neg", "pos"], tokenizer_json=tok.to_str())
-    ids = torch.randint(4, tok.get_vocab_size(), (4, 5))
-    data = [{"input_ids": ids[i], "attention_mask": torch.ones(5, dtype=torch.bool), "labels": torch.tensor(i % 2)}
-            for i in range(4)]
-    trainer = pl.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         default_root_dir=tmp_path_factory.mktemp("fit"))
-    trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(data, batch_size=4))
-    path = tmp_path_factory.mktemp("ckpt") / "model.ckpt"
-    trainer.save_checkpoint(path)
-    return path
+    return one_step_checkpoint(module, tok.get_vocab_size())
 
 
 @pytest.mark.parametrize("text, entries", [('"<br />"', "[0]: '<br />'"),

@@ -314,9 +314,7 @@ def _analyze_cli(args: list[str], tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory) -> Path:
-    import lightning.pytorch as pl
-    import torch
+def tiny_checkpoint(one_step_checkpoint) -> Path:
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import Whitespace
@@ -328,16 +326,7 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     tok.pre_tokenizer = Whitespace()
     module = TextClassifier(tok.get_vocab_size(), 2, embed_dim=8, num_heads=2, label_names=["neg", "pos"],
                             tokenizer_json=tok.to_str())
-    ids = torch.randint(2, tok.get_vocab_size(), (4, 5))
-    data = [{"input_ids": ids[i], "attention_mask": torch.ones(5, dtype=torch.bool), "labels": torch.tensor(i % 2)}
-            for i in range(4)]
-    trainer = pl.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         default_root_dir=tmp_path_factory.mktemp("fit"))
-    trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(data, batch_size=4))
-    path = tmp_path_factory.mktemp("ckpt") / "model.ckpt"
-    trainer.save_checkpoint(path)
-    return path
+    return one_step_checkpoint(module, tok.get_vocab_size())
 
 
 def test_readme_analyze_example_with_a_comma_works_through_the_cli(tiny_checkpoint, tmp_path):

@@ -159,3 +159,32 @@ def one_step_checkpoint(tmp_path_factory):
         return path
 
     return make
+
+
+@pytest.fixture
+def run_killed_at(monkeypatch):
+    """run_killed_at(cfg, step): ``run(cfg)`` killed at the start of training step ``step`` (1-based), before that
+    step changes anything (a callback raises there; the test fails unless the run dies at that point)."""
+    import lightning.pytorch as pl
+
+    from identifiable_transformers import training
+
+    class Killed(Exception):
+        pass
+
+    class KillAtStep(pl.Callback):
+        def __init__(self, step: int):
+            self.step = step
+
+        def on_train_batch_start(self, trainer, *args):
+            if trainer.global_step + 1 == self.step:
+                raise Killed(self.step)
+
+    def run_killed(cfg, step: int) -> None:
+        instantiate = training._instantiate_dict
+        with monkeypatch.context() as m:
+            m.setattr(training, "_instantiate_dict", lambda node: [*instantiate(node), KillAtStep(step)])
+            with pytest.raises(Killed):
+                training.run(cfg)
+
+    return run_killed

@@ -215,37 +215,16 @@ def test_analyze_uses_its_own_cache_dir(trained, tmp_path, run_analyze, rewrite_
 
 
 # ----------------------------------------------------------------------------- resuming into a new directory
-class _Killed(Exception):
-    pass
-
-
-def _kill_at(step):
-    import lightning.pytorch as pl
-
-    class KillAtStep(pl.Callback):
-        def on_train_batch_start(self, trainer, *args):
-            if trainer.global_step + 1 == step:
-                raise _Killed(step)
-
-    return KillAtStep()
-
-
 # 3 epochs of 4 steps; a tiny learning rate (1e-5 broke the tie once evaluation splits were shuffled), so that the
 # later epochs tie with epoch 0 on val/acc while their weights (and test loss) still differ.
 TIES = ["trainer.max_epochs=3", "trainer.deterministic=true", "callbacks=[model_checkpoint,last_checkpoint]",
         "model.lr=1e-6", "test=true"]
 
 
-def test_resume_into_a_new_directory_tests_the_same_best_checkpoint(make_cfg, tmp_path, monkeypatch):
-    import identifiable_transformers.training as training
-
+def test_resume_into_a_new_directory_tests_the_same_best_checkpoint(make_cfg, tmp_path, run_killed_at):
     straight = run(make_cfg(*TIES, out="straight"))
     assert straight["best_epoch"] == 0, "precondition: later epochs only tie, so epoch 0 stays best"
-    instantiate = training._instantiate_dict
-    monkeypatch.setattr(training, "_instantiate_dict", lambda node: [*instantiate(node), _kill_at(6)])
-    with pytest.raises(_Killed):
-        run(make_cfg(*TIES, out="killed"))
-    monkeypatch.setattr(training, "_instantiate_dict", instantiate)
+    run_killed_at(make_cfg(*TIES, out="killed"), 6)
     resumed = run(make_cfg(*TIES, f"ckpt_path={tmp_path / 'killed' / 'checkpoints' / 'last.ckpt'}", out="resumed"))
 
     assert resumed["metrics"] == straight["metrics"]  # test/* included: the same best checkpoint was tested

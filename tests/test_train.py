@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import hydra
-import lightning.pytorch as pl
 import pytest
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -76,21 +75,6 @@ def test_short_training_learns_and_checkpoint_reloads_without_hydra(make_cfg, tm
     assert batch["input_ids"][0, 0].item() == loaded.tokenizer.token_to_id("<cls>")
 
 
-class _Killed(Exception):
-    pass
-
-
-class _KillAtStep(pl.Callback):
-    """Dies at the start of training step ``step`` (1-based), before it changes anything."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_train_batch_start(self, trainer, *args):
-        if trainer.global_step + 1 == self.step:
-            raise _Killed(self.step)
-
-
 def _final_weights(run_dir: Path) -> dict:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
 
@@ -103,19 +87,13 @@ RESUME = ["trainer.max_epochs=3", "trainer.deterministic=true", "callbacks=[mode
 
 # (step it dies at, step of the last.ckpt it leaves): epochs are steps 1-4, 5-8, 9-12.
 @pytest.mark.parametrize("kills", [[(5, 4)], [(7, 6)], [(7, 6), (11, 9)]], ids=["epoch_end", "mid_epoch", "twice"])
-def test_resume_after_a_kill_matches_the_uninterrupted_run(make_cfg, tmp_path, monkeypatch, kills):
-    import identifiable_transformers.training as training
-
+def test_resume_after_a_kill_matches_the_uninterrupted_run(make_cfg, tmp_path, run_killed_at, kills):
     straight = run(make_cfg(*RESUME, out="straight"))
-    instantiate = training._instantiate_dict
     ckpt = None
     for i, (step, saved) in enumerate(kills):
-        monkeypatch.setattr(training, "_instantiate_dict", lambda node, s=step: [*instantiate(node), _KillAtStep(s)])
-        with pytest.raises(_Killed):
-            run(make_cfg(*RESUME, *([f"ckpt_path={ckpt}"] if ckpt else []), out=f"killed{i}"))
+        run_killed_at(make_cfg(*RESUME, *([f"ckpt_path={ckpt}"] if ckpt else []), out=f"killed{i}"), step)
         ckpt = tmp_path / f"killed{i}" / "checkpoints" / "last.ckpt"
         assert torch.load(ckpt, map_location="cpu", weights_only=True)["global_step"] == saved
-    monkeypatch.setattr(training, "_instantiate_dict", instantiate)
     resumed = run(make_cfg(*RESUME, f"ckpt_path={ckpt}", out="resumed"))
 
     assert resumed["metrics"] == straight["metrics"]

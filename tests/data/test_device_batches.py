@@ -1,7 +1,6 @@
 """data.on_device and data.static_shapes: the same batches as the DataLoader, padding rows out of the loss and
 the metrics, exact resume (docs/performance.md)."""
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
@@ -95,33 +94,14 @@ def test_a_filled_batch_has_the_loss_and_metrics_of_the_batch_without_its_paddin
     torch.testing.assert_close(got["val/f1"], ref_f1)
 
 
-class _Killed(Exception):
-    pass
-
-
-class _KillAtStep(pl.Callback):
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_train_batch_start(self, trainer, *args):
-        if trainer.global_step + 1 == self.step:
-            raise _Killed(self.step)
-
-
 RESUME = ["trainer.max_epochs=2", "trainer.deterministic=true", "callbacks=[last_checkpoint]",
           "callbacks.last_checkpoint.every_n_train_steps=3", "model.dropout=0.3", "test=false",
           "data.on_device=true", "data.static_shapes=true", "data.length_bucketing=true"]
 
 
-def test_on_device_static_shapes_resume_bit_exact(make_cfg, tmp_path, monkeypatch):
-    import identifiable_transformers.training as training
-
+def test_on_device_static_shapes_resume_bit_exact(make_cfg, tmp_path, run_killed_at):
     straight = run(make_cfg(*RESUME, out="straight"))
-    instantiate = training._instantiate_dict
-    monkeypatch.setattr(training, "_instantiate_dict", lambda node: [*instantiate(node), _KillAtStep(7)])
-    with pytest.raises(_Killed):
-        run(make_cfg(*RESUME, out="killed"))
-    monkeypatch.setattr(training, "_instantiate_dict", instantiate)
+    run_killed_at(make_cfg(*RESUME, out="killed"), 7)
     ckpt = tmp_path / "killed" / "checkpoints" / "last.ckpt"
     resumed = run(make_cfg(*RESUME, f"ckpt_path={ckpt}", out="resumed"))
     assert resumed["metrics"] == straight["metrics"]

@@ -28,8 +28,6 @@ import os
 import pickle
 import shutil
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from weakref import proxy
@@ -39,7 +37,7 @@ import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 
-from .files import atomic_path, atomic_write, disk_full_error, fsync, is_disk_full, temp_name
+from .files import atomic_path, atomic_write, fsync, temporary
 
 SUFFIX = ".sha256"
 # What a full disk while saving a checkpoint asks of the user (training.py adds how to resume).
@@ -218,20 +216,6 @@ def data_module_from_checkpoint(data_cfg: Any, cache_dir: str, what: str = "chec
     return _data_module_class(target)(**{**kwargs, "cache_dir": str(cache_dir)})
 
 
-@contextmanager
-def _temporary(path: str | os.PathLike) -> Iterator[Path]:
-    """A temporary name for a checkpoint that the caller renames to ``path`` once complete; removed on any
-    failure, and a full disk becomes a one-line :class:`~.files.DiskFullError`."""
-    tmp = temp_name(path)
-    try:
-        yield tmp
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if is_disk_full(e):
-            raise disk_full_error(path, "checkpoint", DISK_FULL_FIX) from None
-        raise
-
-
 class LastCheckpoint(Checkpoint):  # a Checkpoint, so Lightning runs it after the other callbacks
     def __init__(self, dirpath: str | os.PathLike, every_n_train_steps: int = 0, filename: str = "last.ckpt"):
         if int(every_n_train_steps) < 0:
@@ -249,7 +233,7 @@ class LastCheckpoint(Checkpoint):  # a Checkpoint, so Lightning runs it after th
     def _save(self, trainer: pl.Trainer) -> None:
         if trainer.sanity_checking or trainer.fast_dev_run or trainer.state.fn != "fit":
             return
-        with _temporary(self.path) as tmp:
+        with temporary(self.path, "checkpoint", DISK_FULL_FIX) as tmp:
             trainer.save_checkpoint(tmp, weights_only=False)  # the full state; every rank takes part, rank 0 writes
             if trainer.is_global_zero:
                 fsync(tmp)
@@ -303,7 +287,7 @@ class BestCheckpoint(ModelCheckpoint):
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         # Lightning's, but written to a temporary name and renamed: a full disk or a kill never leaves a
         # truncated epoch_XXX.ckpt under its final name (Lightning's own save writes the final name directly).
-        with _temporary(filepath) as tmp:
+        with temporary(filepath, "checkpoint", DISK_FULL_FIX) as tmp:
             trainer.save_checkpoint(tmp, self.save_weights_only)
             if trainer.is_global_zero:
                 fsync(tmp)

@@ -78,8 +78,8 @@ def fsync(path: Path) -> None:
 
 
 @contextmanager
-def atomic_path(path: str | os.PathLike, what: str = "", fix: str = "") -> Iterator[Path]:
-    """``with atomic_path(p) as tmp: <write tmp>``: ``p`` appears only once ``tmp`` is complete.
+def temporary(path: str | os.PathLike, what: str = "", fix: str = "") -> Iterator[Path]:
+    """``with temporary(p) as tmp: ...``: the temporary name of ``p``, for a caller that renames it itself.
 
     On any exception the temporary file is removed and ``p`` is left as it was; a full disk becomes a
     :class:`DiskFullError` (see :func:`disk_full_error` for ``what`` and ``fix``)."""
@@ -87,13 +87,21 @@ def atomic_path(path: str | os.PathLike, what: str = "", fix: str = "") -> Itera
     tmp = temp_name(path)
     try:
         yield tmp
-        fsync(tmp)
-        os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if is_disk_full(e):
             raise disk_full_error(path, what, fix) from None
         raise
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, what: str = "", fix: str = "") -> Iterator[Path]:
+    """``with atomic_path(p) as tmp: <write tmp>``: ``p`` appears only once ``tmp`` is complete (flushed to the
+    disk, then renamed); failures as :func:`temporary`."""
+    with temporary(path, what, fix) as tmp:
+        yield tmp
+        fsync(tmp)
+        os.replace(tmp, path)
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes, what: str = "", fix: str = "") -> Path:

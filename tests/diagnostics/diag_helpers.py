@@ -67,3 +67,22 @@ class TinyModule(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def random_model(head_combine="concat", pooling="cls", positional="none", layers=1, seed=0, norm_first=False):
+    """A small random encoder (eval mode). One layer with cls pooling takes the faithfulness one-layer shortcut;
+    more layers or mean pooling do not."""
+    torch.manual_seed(seed)
+    return TransformerClassifier(30, 3, embed_dim=8, num_heads=2, key_dim=2, head_combine=head_combine, ffn_dim=16,
+                                 num_layers=layers, pooling=pooling, positional=positional, dropout=0.1,
+                                 norm_first=norm_first).eval()
+
+
+def random_batch(B=5, T=9, seed=0):
+    """Random ids for random_model, <cls> first, lengths T, T - 1, 5, 3, 2 (right padding)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 30, (B, T), generator=g)
+    ids[:, 0] = 2  # <cls>
+    lengths = torch.tensor([T, T - 1, 5, 3, 2][:B])
+    mask = torch.arange(T) < lengths[:, None]
+    return ids.masked_fill(~mask, 0), mask

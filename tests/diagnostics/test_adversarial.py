@@ -1,9 +1,13 @@
-"""The adversarial attention search at a tight JSD budget against a brute-force search on small heads."""
+"""The adversarial attention search: the simplex projection against bisection, the search against brute force on
+small heads (tight JSD budgets) and against models whose output ignores attention or depends on it sharply."""
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
+from diag_helpers import random_batch, random_model
+from scipy.special import rel_entr
 
 from identifiable_transformers.diagnostics import faithfulness as F
 from identifiable_transformers.models import TransformerClassifier, override_attention
@@ -74,3 +78,103 @@ def test_search_reaches_the_brute_force_optimum_at_tight_eps(seed, layers, class
     res = F.adversarial_attention(model, ids, mask, eps=eps, steps=100, restarts=2, return_details=True)
     assert (res["jsd"] <= eps + 1e-7).all()
     assert (res["tv"] >= brute.float() - 0.02).all(), (res["tv"], brute)
+
+
+def _project_bisection(v: np.ndarray) -> np.ndarray:
+    """The simplex projection's KKT form w = max(v - theta, 0), sum w = 1, theta found by bisection."""
+    lo, hi = v.min() - 1.0, v.max()
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if np.maximum(v - mid, 0).sum() > 1 else (lo, mid)
+    return np.maximum(v - 0.5 * (lo + hi), 0)
+
+
+def test_project_simplex_against_bisection():
+    rng = np.random.default_rng(0)
+    v = rng.normal(scale=2.0, size=(50, 7))
+    mask = rng.random((50, 7)) < 0.7
+    mask[:, 0] = True
+    w = F.project_simplex(torch.tensor(v), torch.tensor(mask)).numpy()
+    for i in range(50):
+        ref = np.zeros(7)
+        ref[mask[i]] = _project_bisection(v[i][mask[i]])
+        np.testing.assert_allclose(w[i], ref, atol=1e-9)
+    p = torch.tensor(rng.dirichlet(np.ones(5), size=4))
+    assert torch.allclose(F.project_simplex(p), p)  # points on the simplex stay
+    # No point of the simplex is closer (random candidates).
+    x = v[0]
+    cand = rng.dirichlet(np.ones(7), size=2000)
+    w0 = F.project_simplex(torch.tensor(x)).numpy()
+    assert ((cand - x) ** 2).sum(1).min() >= ((w0 - x) ** 2).sum() - 1e-12
+
+
+def test_adversarial_attention_when_the_output_ignores_attention():
+    model = random_model(head_combine="concat")
+    with torch.no_grad():  # the attention output is a constant: any row gives the same prediction
+        model.layers[0].attn.v_proj.weight.zero_()
+        model.layers[0].attn.v_proj.bias.zero_()
+    ids, mask = random_batch(B=3)
+    res = F.adversarial_attention(model, ids, mask, steps=100, restarts=3, return_details=True)
+    with torch.no_grad():
+        A = model(ids, mask, output_attentions=True).attentions[0]
+    for b in range(3):
+        n = int(mask[b].sum())
+        a = A[b, :, 0, :n]  # (H, n)
+        best = 1 - a.min(-1).values  # all mass on the least attended key
+        assert (res["tv"][b] >= 1 - a.max(-1).values - 1e-4).all()  # at least as far as some vertex
+        assert (res["tv"][b] <= best + 1e-5).all()
+        assert (res["tv"][b] > 0.5).all()
+    assert (res["jsd"] <= 1e-6).all()
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_adversarial_attention_keeps_the_prediction(layers):
+    model = random_model(head_combine="add", layers=layers)
+    with torch.no_grad():
+        model.head.weight.mul_(5.0)  # a sharp classifier: attention changes move the prediction
+    ids, mask = random_batch(B=3)
+    eps = 0.01
+    res = F.adversarial_attention(model, ids, mask, eps=eps, steps=60, restarts=2, return_details=True)
+    tv = res["tv"]
+    assert tv.shape == (3, 2) and (tv >= 0).all() and (tv <= 1).all()
+    with torch.no_grad():
+        p0 = model(ids, mask).logits.softmax(-1)
+        A = model(ids, mask, output_attentions=True).attentions[-1]
+        for b, h in itertools.product(range(3), range(2)):
+            rows = res["rows"][b, h]
+
+            def hook(layer, w, m, rows=rows, h=h):
+                if layer != layers - 1:
+                    return w
+                w = w.clone()
+                w[0, h, 0] = rows[0]
+                return w
+
+            with override_attention(model, hook):
+                p = model(ids[b : b + 1], mask[b : b + 1]).logits.softmax(-1)
+            p1, q1 = p[0].double().numpy(), p0[b].double().numpy()
+            m = 0.5 * (p1 + q1)
+            assert 0.5 * rel_entr(p1, m).sum() + 0.5 * rel_entr(q1, m).sum() <= eps + 1e-6
+            n = int(mask[b].sum())
+            assert float(rows[0, :n].sum()) == pytest.approx(1.0, abs=1e-5) and (rows[0] >= 0).all()
+            assert float(0.5 * (rows[0] - A[b, h, 0]).abs().sum()) == pytest.approx(float(tv[b, h]), abs=1e-5)
+            # At least as far as a brute-force search along the segments from A to every vertex.
+            a = A[b, h, 0, :n]
+            t = torch.linspace(0.02, 1.0, 50)
+            cand = ((1 - t[:, None, None]) * a + t[:, None, None] * torch.eye(n)).reshape(-1, n)  # (50 n, n)
+
+            def brute(layer, w, m, cand=cand, h=h, n=n):
+                if layer != layers - 1:
+                    return w
+                w = w.clone()
+                w[:, h, 0, :n] = cand
+                return w
+
+            with override_attention(model, brute):
+                p = model(ids[b : b + 1, :n].expand(len(cand), -1)).logits.softmax(-1).double()
+            q = p0[b].double().expand_as(p)
+            m = 0.5 * (p + q)
+            jsd = 0.5 * (p * (p / m).log()).sum(-1) + 0.5 * (q * (q / m).log()).sum(-1)
+            line_tv = 0.5 * (cand - a).abs().sum(-1)
+            assert float(tv[b, h]) >= float(line_tv[jsd <= eps].max()) - 1e-6
+    assert (tv > 0.05).all()

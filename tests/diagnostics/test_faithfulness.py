@@ -1,17 +1,16 @@
 """Faithfulness explainers and metrics against known answers and independent computations."""
 
 import copy
-import itertools
 import math
 
 import numpy as np
 import pytest
 import torch
-from scipy.special import rel_entr
+from diag_helpers import random_batch, random_model
 from scipy.stats import kendalltau
 
 from identifiable_transformers.diagnostics import faithfulness as F
-from identifiable_transformers.models import TransformerClassifier, override_attention
+from identifiable_transformers.models import TransformerClassifier
 
 CLS, MARK = 2, 5  # the <cls> id and the one token the hand-built model reads
 
@@ -53,23 +52,6 @@ def _marked_batch(B=8, n=9, seed=0):
     return ids, torch.ones_like(ids, dtype=torch.bool), where
 
 
-def _random_model(head_combine="concat", pooling="cls", positional="none", layers=1, seed=0, norm_first=False):
-    """One layer with cls pooling takes the library's one-layer shortcut; more layers or mean pooling do not."""
-    torch.manual_seed(seed)
-    return TransformerClassifier(30, 3, embed_dim=8, num_heads=2, key_dim=2, head_combine=head_combine, ffn_dim=16,
-                                 num_layers=layers, pooling=pooling, positional=positional, dropout=0.1,
-                                 norm_first=norm_first).eval()
-
-
-def _random_batch(B=5, T=9, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, 30, (B, T), generator=g)
-    ids[:, 0] = CLS
-    lengths = torch.tensor([T, T - 1, 5, 3, 2][:B])
-    mask = torch.arange(T) < lengths[:, None]
-    return ids.masked_fill(~mask, 0), mask
-
-
 def _prob_of(model, ids, cls):
     """Probability of ``cls`` for one sequence run by itself (1, t)."""
     with torch.no_grad():
@@ -106,8 +88,8 @@ def test_one_token_model_known_answers():
 
 
 def test_scores_are_zero_at_cls_and_padding_and_random_is_seeded():
-    model = _random_model()
-    ids, mask = _random_batch()
+    model = random_model()
+    ids, mask = random_batch()
     s = F.explain(model, ids, mask, F.CHEAP_EXPLAINERS, seed=3)
     for name, v in s.items():
         assert v.shape == ids.shape and v.dtype == torch.float32, name
@@ -119,8 +101,8 @@ def test_scores_are_zero_at_cls_and_padding_and_random_is_seeded():
 
 def test_attention_explainer_is_the_cls_row_mean_over_heads_and_mean_pooling_row():
     for pooling in ("cls", "mean"):
-        model = _random_model(pooling=pooling, layers=2)
-        ids, mask = _random_batch()
+        model = random_model(pooling=pooling, layers=2)
+        ids, mask = random_batch()
         with torch.no_grad():
             A = model(ids, mask, output_attentions=True).attentions[-1]  # (B, H, T, T)
         s = F.explain(model, ids, mask, ["attention"])["attention"]
@@ -131,8 +113,8 @@ def test_attention_explainer_is_the_cls_row_mean_over_heads_and_mean_pooling_row
 
 
 def test_rollout_matches_explicit_product():
-    model = _random_model(layers=3, head_combine="add")
-    ids, mask = _random_batch()
+    model = random_model(layers=3, head_combine="add")
+    ids, mask = random_batch()
     with torch.no_grad():
         atts = model(ids, mask, output_attentions=True).attentions
     s = F.explain(model, ids, mask, ["rollout"])["rollout"]
@@ -146,8 +128,8 @@ def test_rollout_matches_explicit_product():
 
 
 def test_norm_is_kobayashi_weighted_vector_norm():
-    model = _random_model(head_combine="concat")
-    ids, mask = _random_batch()
+    model = random_model(head_combine="concat")
+    ids, mask = random_batch()
     attn = model.layers[0].attn
     with torch.no_grad():
         A = model(ids, mask, output_attentions=True).attentions[0]
@@ -161,11 +143,11 @@ def test_norm_is_kobayashi_weighted_vector_norm():
 
 
 def test_effective_equals_attention_when_identifiable_and_differs_when_not():
-    ids, mask = _random_batch(B=2, T=9)
-    add = _random_model(head_combine="add")  # value size d = 8
+    ids, mask = random_batch(B=2, T=9)
+    add = random_model(head_combine="add")  # value size d = 8
     s = F.explain(add, ids[1:2, :6], mask[1:2, :6], ["attention", "effective"])  # 6 tokens <= d = 8: identifiable
     assert torch.allclose(s["attention"], s["effective"], atol=1e-6)
-    concat = _random_model(head_combine="concat")  # value size 4 < 9 tokens: a null space
+    concat = random_model(head_combine="concat")  # value size 4 < 9 tokens: a null space
     s = F.explain(concat, ids[:1], mask[:1], ["attention", "effective"])
     assert (s["attention"] - s["effective"]).abs().max() > 1e-3
 
@@ -176,9 +158,9 @@ def test_effective_equals_attention_when_identifiable_and_differs_when_not():
 @pytest.mark.parametrize("layers,norm_first", [(1, False), (1, True), (2, False)])
 @pytest.mark.parametrize("positional", ["none", "learned"])
 def test_loo_equals_running_the_shorter_sequence(head_combine, pooling, layers, norm_first, positional):
-    model = _random_model(head_combine=head_combine, pooling=pooling, layers=layers, norm_first=norm_first,
+    model = random_model(head_combine=head_combine, pooling=pooling, layers=layers, norm_first=norm_first,
                           positional=positional)
-    ids, mask = _random_batch()
+    ids, mask = random_batch()
     loo = F.explain(model, ids, mask, ["loo"])["loo"]
     for b in range(ids.shape[0]):
         n = int(mask[b].sum())
@@ -197,10 +179,16 @@ def test_loo_equals_running_the_shorter_sequence(head_combine, pooling, layers, 
 
 
 @pytest.mark.parametrize("head_combine", ["concat", "add"])
-@pytest.mark.parametrize("layers", [1, 2])
-def test_erasure_metrics_against_explicit_loops(head_combine, layers):
-    model = _random_model(head_combine=head_combine, layers=layers)
-    ids, mask = _random_batch()
+@pytest.mark.parametrize("layers,chunk", [(1, None), (1, 40), (2, None), (2, 40)])
+def test_erasure_metrics_against_explicit_loops(head_combine, layers, chunk, monkeypatch):
+    """``chunk``: the masked copies run a few rows at a time (the one-layer shortcut's and the forward passes'
+    chunks), which must not change any figure."""
+    if chunk:
+        from identifiable_transformers.diagnostics.faithfulness import readout
+        monkeypatch.setattr(readout, "_CHUNK_WEIGHTS", chunk)  # 2 heads x 9 keys: 2 copies a chunk
+        monkeypatch.setattr(readout, "_CHUNK_TOKENS", chunk)  # 9 keys: 4 copies a chunk
+    model = random_model(head_combine=head_combine, layers=layers)
+    ids, mask = random_batch()
     g = torch.Generator().manual_seed(1)
     scores = torch.randn(ids.shape, generator=g)
     scores[0, 3] = scores[0, 5]  # a tie: broken by position (3 before 5)
@@ -230,8 +218,8 @@ def test_erasure_metrics_against_explicit_loops(head_combine, layers):
 
 
 def test_cls_only_input_gives_nan_metrics_that_the_mean_skips():
-    model = _random_model()
-    ids, mask = _random_batch(B=2)
+    model = random_model()
+    ids, mask = random_batch(B=2)
     mask[1, 1:] = False
     rep = F.faithfulness_report(model, ids, mask, explainers=["attention"])
     assert math.isnan(float(rep["per_example"]["attention/comprehensiveness"][1]))
@@ -240,8 +228,8 @@ def test_cls_only_input_gives_nan_metrics_that_the_mean_skips():
 
 
 def test_bad_masks_are_rejected():
-    model = _random_model()
-    ids, mask = _random_batch()
+    model = random_model()
+    ids, mask = random_batch()
     mask[0, 0] = False
     with pytest.raises(ValueError, match="position 0"):
         F.explain(model, ids, mask)
@@ -267,8 +255,8 @@ def test_kendall_tau_b_known_values_and_scipy():
 
 
 def test_tau_of_loo_with_itself_is_one():
-    model = _random_model()
-    ids, mask = _random_batch(B=3)
+    model = random_model()
+    ids, mask = random_batch(B=3)
     rep = F.faithfulness_report(model, ids, mask, explainers=["loo", "grad_input"])
     assert rep["metrics"]["loo/tau_loo"] == pytest.approx(1.0)
     t = rep["per_example"]["grad_input/tau_loo"]
@@ -282,8 +270,8 @@ def test_tau_of_loo_with_itself_is_one():
 def test_integrated_gradients_completeness():
     # Learned positions (the default): with positional="none" the all-<pad> baseline is a zero input,
     # where post-norm LayerNorm is singular and a 64-step Riemann sum cannot converge.
-    model = _random_model(head_combine="add", layers=2, positional="learned")
-    ids, mask = _random_batch()
+    model = random_model(head_combine="add", layers=2, positional="learned")
+    ids, mask = random_batch()
     scores, delta = F.integrated_gradients(model, ids, mask, n_steps=64)
     with torch.no_grad():
         logits = model(ids, mask).logits
@@ -296,8 +284,8 @@ def test_integrated_gradients_completeness():
 
 
 def test_grad_input_matches_autograd():
-    model = _random_model(positional="learned")
-    ids, mask = _random_batch()
+    model = random_model(positional="learned")
+    ids, mask = random_batch()
     s = F.explain(model, ids, mask, ["grad_input"])["grad_input"]
     emb = model.token_embedding(ids).detach().requires_grad_(True)
     x = emb + model.position_embedding.weight[: ids.shape[1]]
@@ -312,8 +300,8 @@ def test_grad_input_matches_autograd():
 
 # ------------------------------------------------------------------------------- uniform attention
 def test_uniform_swap_is_softmax_of_zero_logits():
-    model = _random_model(head_combine="add", layers=2)
-    ids, mask = _random_batch()
+    model = random_model(head_combine="add", layers=2)
+    ids, mask = random_batch()
     flat = copy.deepcopy(model)
     with torch.no_grad():
         for layer in flat.layers:  # zero queries and keys: softmax of zeros = 1/n over the real keys
@@ -325,11 +313,11 @@ def test_uniform_swap_is_softmax_of_zero_logits():
 
 
 def test_uniform_swap_leaves_constant_value_model_unchanged_and_gap():
-    model = _random_model(head_combine="concat")
+    model = random_model(head_combine="concat")
     with torch.no_grad():
         model.layers[0].attn.v_proj.weight.zero_()
         model.layers[0].attn.v_proj.bias.normal_()
-    ids, mask = _random_batch()
+    ids, mask = random_batch()
     with torch.no_grad():
         logits = model(ids, mask).logits
     assert torch.allclose(F.uniform_attention_logits(model, ids, mask), logits, atol=1e-6)
@@ -347,104 +335,3 @@ def test_uniform_gap_of_the_one_token_model():
     rep = F.faithfulness_report(model, ids, mask, labels=labels, explainers=["attention"])
     u = F.uniform_attention_logits(model, ids, mask).argmax(-1)
     assert rep["uniform_acc_gap"] == pytest.approx(1.0 - float((u == 0).double().mean()))
-
-
-# ------------------------------------------------------------------------------- adversarial
-def _project_bisection(v: np.ndarray) -> np.ndarray:
-    """The simplex projection's KKT form w = max(v - theta, 0), sum w = 1, theta found by bisection."""
-    lo, hi = v.min() - 1.0, v.max()
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if np.maximum(v - mid, 0).sum() > 1 else (lo, mid)
-    return np.maximum(v - 0.5 * (lo + hi), 0)
-
-
-def test_project_simplex_against_bisection():
-    rng = np.random.default_rng(0)
-    v = rng.normal(scale=2.0, size=(50, 7))
-    mask = rng.random((50, 7)) < 0.7
-    mask[:, 0] = True
-    w = F.project_simplex(torch.tensor(v), torch.tensor(mask)).numpy()
-    for i in range(50):
-        ref = np.zeros(7)
-        ref[mask[i]] = _project_bisection(v[i][mask[i]])
-        np.testing.assert_allclose(w[i], ref, atol=1e-9)
-    p = torch.tensor(rng.dirichlet(np.ones(5), size=4))
-    assert torch.allclose(F.project_simplex(p), p)  # points on the simplex stay
-    # No point of the simplex is closer (random candidates).
-    x = v[0]
-    cand = rng.dirichlet(np.ones(7), size=2000)
-    w0 = F.project_simplex(torch.tensor(x)).numpy()
-    assert ((cand - x) ** 2).sum(1).min() >= ((w0 - x) ** 2).sum() - 1e-12
-
-
-def test_adversarial_attention_when_the_output_ignores_attention():
-    model = _random_model(head_combine="concat")
-    with torch.no_grad():  # the attention output is a constant: any row gives the same prediction
-        model.layers[0].attn.v_proj.weight.zero_()
-        model.layers[0].attn.v_proj.bias.zero_()
-    ids, mask = _random_batch(B=3)
-    res = F.adversarial_attention(model, ids, mask, steps=100, restarts=3, return_details=True)
-    with torch.no_grad():
-        A = model(ids, mask, output_attentions=True).attentions[0]
-    for b in range(3):
-        n = int(mask[b].sum())
-        a = A[b, :, 0, :n]  # (H, n)
-        best = 1 - a.min(-1).values  # all mass on the least attended key
-        assert (res["tv"][b] >= 1 - a.max(-1).values - 1e-4).all()  # at least as far as some vertex
-        assert (res["tv"][b] <= best + 1e-5).all()
-        assert (res["tv"][b] > 0.5).all()
-    assert (res["jsd"] <= 1e-6).all()
-
-
-@pytest.mark.parametrize("layers", [1, 2])
-def test_adversarial_attention_keeps_the_prediction(layers):
-    model = _random_model(head_combine="add", layers=layers)
-    with torch.no_grad():
-        model.head.weight.mul_(5.0)  # a sharp classifier: attention changes move the prediction
-    ids, mask = _random_batch(B=3)
-    eps = 0.01
-    res = F.adversarial_attention(model, ids, mask, eps=eps, steps=60, restarts=2, return_details=True)
-    tv = res["tv"]
-    assert tv.shape == (3, 2) and (tv >= 0).all() and (tv <= 1).all()
-    with torch.no_grad():
-        p0 = model(ids, mask).logits.softmax(-1)
-        A = model(ids, mask, output_attentions=True).attentions[-1]
-        for b, h in itertools.product(range(3), range(2)):
-            rows = res["rows"][b, h]
-
-            def hook(layer, w, m, rows=rows, h=h):
-                if layer != layers - 1:
-                    return w
-                w = w.clone()
-                w[0, h, 0] = rows[0]
-                return w
-
-            with override_attention(model, hook):
-                p = model(ids[b : b + 1], mask[b : b + 1]).logits.softmax(-1)
-            p1, q1 = p[0].double().numpy(), p0[b].double().numpy()
-            m = 0.5 * (p1 + q1)
-            assert 0.5 * rel_entr(p1, m).sum() + 0.5 * rel_entr(q1, m).sum() <= eps + 1e-6
-            n = int(mask[b].sum())
-            assert float(rows[0, :n].sum()) == pytest.approx(1.0, abs=1e-5) and (rows[0] >= 0).all()
-            assert float(0.5 * (rows[0] - A[b, h, 0]).abs().sum()) == pytest.approx(float(tv[b, h]), abs=1e-5)
-            # At least as far as a brute-force search along the segments from A to every vertex.
-            a = A[b, h, 0, :n]
-            t = torch.linspace(0.02, 1.0, 50)
-            cand = ((1 - t[:, None, None]) * a + t[:, None, None] * torch.eye(n)).reshape(-1, n)  # (50 n, n)
-
-            def brute(layer, w, m, cand=cand, h=h, n=n):
-                if layer != layers - 1:
-                    return w
-                w = w.clone()
-                w[:, h, 0, :n] = cand
-                return w
-
-            with override_attention(model, brute):
-                p = model(ids[b : b + 1, :n].expand(len(cand), -1)).logits.softmax(-1).double()
-            q = p0[b].double().expand_as(p)
-            m = 0.5 * (p + q)
-            jsd = 0.5 * (p * (p / m).log()).sum(-1) + 0.5 * (q * (q / m).log()).sum(-1)
-            line_tv = 0.5 * (cand - a).abs().sum(-1)
-            assert float(tv[b, h]) >= float(line_tv[jsd <= eps].max()) - 1e-6
-    assert (tv > 0.05).all()

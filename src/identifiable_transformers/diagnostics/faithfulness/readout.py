@@ -11,6 +11,9 @@ from ...models import TransformerClassifier
 
 # Upper bound on tokens per forward pass of the erasure copies (keeps memory flat on long probes).
 _CHUNK_TOKENS = 1 << 17
+# Upper bound on attention weights (copies x heads x keys) the <cls> shortcut holds at once: about 16 MB of float32
+# per chunk, whatever the number of copies (all of them at once took 3.7 GB at 512 tokens).
+_CHUNK_WEIGHTS = 1 << 22
 
 
 class _ClsReadout:
@@ -58,8 +61,8 @@ class _ClsReadout:
 def _masked_probs(model, input_ids: Tensor, example: Tensor, masks: Tensor) -> Tensor:
     """Class probabilities of example ``example[s]`` seen through ``masks[s]``: (S,) and (S, T) -> (S, C).
 
-    One-layer cls-pooling models use the exact ``_ClsReadout`` shortcut. Otherwise rows run through the
-    model in order, in chunks, each cut to its last real position, so examples sorted by length waste
+    One-layer cls-pooling models use the exact ``_ClsReadout`` shortcut, in chunks of rows. Otherwise rows run
+    through the model in order, in chunks, each cut to its last real position, so examples sorted by length waste
     little on padding.
     """
     out = []
@@ -67,7 +70,10 @@ def _masked_probs(model, input_ids: Tensor, example: Tensor, masks: Tensor) -> T
     with torch.no_grad():
         if _ClsReadout.applies(model):
             readout = _ClsReadout(model, input_ids)
-            out.append(readout.logits(example, readout.weights(example, masks)).float().softmax(-1))
+            step = max(1, _CHUNK_WEIGHTS // (readout.scores.shape[1] * max(T, 1)))
+            for i in range(0, masks.shape[0], step):
+                e = example[i : i + step]
+                out.append(readout.logits(e, readout.weights(e, masks[i : i + step])).float().softmax(-1))
         else:
             step = max(1, _CHUNK_TOKENS // max(T, 1))
             for i in range(0, masks.shape[0], step):

@@ -19,13 +19,19 @@ there the faithfulness pass is also timed on the probe's part up to 2d + 2 = 130
 ``max_length="2d+2"``: the 'faith130' columns). Usage:
 
     python bench/bench_diagnostics.py [--examples 6800] [--repeats 3] [--device cpu|cuda] [--no-final]
-                                      [--max-length 60] [--median-length 22] [--designs concat,add]
+                                      [--max-length 60] [--median-length 22] [--designs concat,add] [--memory]
+
+``--memory`` measures only the peak memory of one faithfulness pass per design (each in a fresh process).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -153,6 +159,8 @@ def main() -> None:
     p.add_argument("--max-length", type=int, default=60, help="longest example (tokens); the probe spans up to it")
     p.add_argument("--median-length", type=float, default=22)
     p.add_argument("--designs", default="concat,add")
+    p.add_argument("--memory", action="store_true",
+                   help="only the peak memory of one faithfulness pass per design, each in a fresh process")
     args = p.parse_args()
     rng = np.random.default_rng(0)
     sigma = 0.45 if args.max_length <= 60 else 0.8  # IMDb-like lengths spread wider
@@ -170,6 +178,27 @@ def main() -> None:
     print(f"device={args.device} threads={torch.get_num_threads()} train examples={args.examples} "
           f"(mean length {train_lengths.mean():.1f}); probe 64 examples, lengths {val_lengths[probe].min()}-"
           f"{val_lengths[probe].max()}")
+
+    def memory(combine: str) -> str:
+        """Peak resident memory of one faithfulness pass on the whole probe: this process's high-water mark
+        (ru_maxrss) after the pass, minus the resident memory before it (model, probe and libraries)."""
+        torch.manual_seed(0)
+        model = TransformerClassifier(VOCAB, 2, embed_dim=64, num_heads=4, head_combine=combine).to(args.device)
+        before = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+        wall, cpu = faithfulness_pass(model, ids, mask, labels, rationale)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return f"{combine:<8}{peak:>10.0f}{peak - before:>14.0f}{wall:>8.1f}{cpu:>8.1f}"
+
+    if args.memory:
+        if args.designs.count(",") == 0:
+            print(f"{'heads':<8}{'peak MB':>10}{'pass peak MB':>14}{'wall s':>8}{'cpu s':>8}")
+            print(memory(args.designs))
+            return
+        for i, combine in enumerate(args.designs.split(",")):  # a fresh process each: ru_maxrss only grows
+            out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--designs", combine],
+                                 capture_output=True, text=True, check=True).stdout.splitlines()
+            print("\n".join(out[-2:] if i == 0 else out[-1:]))
+        return
     print("wall s (process CPU s). 'plots' = the 4 PNGs drawn synchronously; 'async' = extra wall time of a "
           "training epoch that runs while the plot thread draws them (the callback's default)")
     print("'faith' = FaithfulnessCallback's per-epoch pass (cheap explainers, 10 random draws, metrics, plausibility); "

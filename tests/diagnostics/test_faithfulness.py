@@ -238,7 +238,12 @@ def test_bad_masks_are_rejected():
 
 
 # ------------------------------------------------------------------------------- tau
-def test_kendall_tau_b_known_values_and_scipy():
+@pytest.mark.parametrize("chunk", [None, 25])
+def test_kendall_tau_b_known_values_and_scipy(chunk, monkeypatch):
+    """``chunk``: a row (5 x 5 pairs) at a time, which must not change any value."""
+    if chunk:
+        from identifiable_transformers.diagnostics.faithfulness import agreement
+        monkeypatch.setattr(agreement, "_CHUNK_PAIRS", chunk)
     x = torch.tensor([[0.0, 1, 2, 3, 4], [0.0, 1, 1, 2, 0]])
     y = torch.tensor([[0.0, 1, 3, 2, 4], [0.0, 1, 2, 3, 0]])
     valid = torch.tensor([[False, True, True, True, True], [False, True, True, True, False]])
@@ -246,7 +251,7 @@ def test_kendall_tau_b_known_values_and_scipy():
     assert float(tau[0]) == pytest.approx(4 / 6)  # 6 pairs, one discordant
     assert float(tau[1]) == pytest.approx(2 / math.sqrt(2 * 3))  # a tie in x: tau-b's denominator
     rng = np.random.default_rng(0)
-    a, b = rng.integers(0, 4, (3, 12)).astype(float), rng.normal(size=(3, 12))
+    a, b = rng.integers(0, 4, (3, 12)).astype(float), rng.normal(size=(3, 12))  # chunk 25: 3 chunks of a row
     ours = F.kendall_tau_b(torch.tensor(a), torch.tensor(b), torch.ones(3, 12, dtype=torch.bool))
     for i in range(3):
         assert float(ours[i]) == pytest.approx(kendalltau(a[i], b[i]).statistic, abs=1e-12)

@@ -1,4 +1,4 @@
-"""ERASER comprehensiveness and sufficiency (AOPC) and the decision-flip fraction, all explainers batched."""
+"""ERASER comprehensiveness and sufficiency (AOPC) and the decision-flip fraction, one explainer at a time."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ AOPC_BINS = (1, 5, 10, 20, 50)  # percent of the real tokens (ERASER, DeYoung et
 
 def _erasure_metrics(model, ids: Tensor, mask: Tensor, scores: dict[str, Tensor], pred: Tensor, prob: Tensor
                      ) -> dict[str, Tensor]:
-    """comprehensiveness, sufficiency (AOPC over AOPC_BINS) and flip_frac per example, all explainers batched."""
+    """comprehensiveness, sufficiency (AOPC over AOPC_BINS) and flip_frac per example, for each explainer; its
+    masked copies run as one batch (chunked in ``_masked_probs``), one explainer after another, so memory stays at
+    one explainer's copies."""
     B, T = mask.shape
     dev = mask.device
     scorable = _scorable(mask)
@@ -28,9 +30,13 @@ def _erasure_metrics(model, ids: Tensor, mask: Tensor, scores: dict[str, Tensor]
     cls_only = torch.zeros_like(mask)
     cls_only[:, 0] = True
 
-    rows_example, rows_mask, layout = [], [], []
     K = len(AOPC_BINS)
-    for name, s in scores.items():
+    has = n > 0
+    nan = torch.full((B,), math.nan, device=dev)
+    keep = torch.cat([torch.ones(B, K, dtype=torch.bool, device=dev), step_ok], dim=1)
+    b, s_idx = keep.nonzero(as_tuple=True)  # the copies each explainer runs: its K bins and its n prefixes
+    out: dict[str, Tensor] = {}
+    for name, s in scores.items():  # one explainer at a time: its copies' masks are (copies, T) bools
         order = _order(s, mask)
         top = _top_masks(order, counts, T) & scorable[:, None, :]  # (B, K, T)
         suff = cls_only[:, None, :] | top  # keep only the top tokens (and <cls>)
@@ -38,24 +44,11 @@ def _erasure_metrics(model, ids: Tensor, mask: Tensor, scores: dict[str, Tensor]
         prefix = _top_masks(order, steps, T) & scorable[:, None, :]  # (B, T-1, T)
         flip = mask[:, None, :] & ~prefix
         both = torch.cat([suff, flip], dim=1)  # (B, K + T - 1, T)
-        keep = torch.cat([torch.ones(B, K, dtype=torch.bool, device=dev), step_ok], dim=1)
-        b, s_idx = keep.nonzero(as_tuple=True)
-        rows_example.append(b)
-        rows_mask.append(both[b, s_idx])
-        layout.append((name, b, s_idx))
-    if not rows_example:
-        return {}
-    probs = _masked_probs(model, ids, torch.cat(rows_example), torch.cat(rows_mask))
-    out: dict[str, Tensor] = {}
-    start = 0
-    for name, b, s_idx in layout:
-        p = probs[start : start + len(b)]
-        start += len(b)
+        p = _masked_probs(model, ids, b, both[b, s_idx])
+        del top, suff, prefix, flip, both
         grid = torch.full((B, K + T - 1, p.shape[-1]), math.nan, device=dev)
         grid[b, s_idx] = p
         p_pred = grid.gather(2, pred[:, None, None].expand(-1, grid.shape[1], 1)).squeeze(-1)  # (B, S)
-        has = n > 0
-        nan = torch.full((B,), math.nan, device=dev)
         removed = p_pred[:, K:].gather(1, (counts - 1).clamp_min(0))  # (B, K): without the top counts tokens
         out[f"{name}/comprehensiveness"] = torch.where(has, (prob[:, None] - removed).mean(1), nan)
         out[f"{name}/sufficiency"] = torch.where(has, (prob[:, None] - p_pred[:, :K]).mean(1), nan)

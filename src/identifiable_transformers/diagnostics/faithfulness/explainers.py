@@ -55,13 +55,13 @@ def _effective(model, last, mask: Tensor) -> Tensor:
     # T in float64 from float64 factors, as identifiability does: a float32 product has rank noise.
     T_all = torch.einsum("bhtv,hvd->bhtd", last.values.double(), last.out_proj.double())  # (B, H, T, d)
     scores = torch.zeros(B, T, dtype=torch.float64, device=mask.device)
-    A_all = last.attention.double()
+    A_all = last.attention  # cut to each length group, then float64: not the whole (B, H, T, T) in float64
     H = A_all.shape[1]
     for n in lengths.unique().tolist():
         idx = (lengths == n).nonzero().flatten()
         p = pos[idx, :n]  # (k, n)
         pa = p[:, None, :, None].expand(-1, H, -1, T)
-        A = A_all[idx].gather(2, pa).gather(3, p[:, None, None, :].expand(-1, H, n, -1))  # (k, H, n, n)
+        A = A_all[idx].gather(2, pa).gather(3, p[:, None, None, :].expand(-1, H, n, -1)).double()  # (k, H, n, n)
         Tm = T_all[idx].gather(2, p[:, None, :, None].expand(-1, H, -1, T_all.shape[-1]))  # (k, H, n, d)
         eff = effective_attention(A, Tm)  # (k, H, n, n) float64
         row = eff[:, :, 0, :] if model.pooling == "cls" else eff.mean(-2)  # real query 0 is <cls>

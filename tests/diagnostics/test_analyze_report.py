@@ -1,6 +1,7 @@
 """analyze.py and the HTML report: self-contained output, correct per-head numbers, clear errors."""
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -76,6 +77,25 @@ def test_key_aware_report_on_a_long_text(tmp_path):
     for r in heads:
         assert r["key_agnostic_dim"] == 300 * 295
         assert r["key_aware_alternative_dim"] == 4 * 295
+
+
+@pytest.mark.parametrize("threshold", [0.0, math.inf])
+def test_key_aware_report_labels_unresolved_counts(tmp_path, monkeypatch, threshold):
+    """A count whose margin is below UNRESOLVED_MARGIN is labelled in the page and flagged in report.json."""
+    from identifiable_transformers.diagnostics.maths import key_aware
+
+    monkeypatch.setattr(key_aware, "UNRESOLVED_MARGIN", threshold)  # 0: every count resolved; inf: none
+    torch.manual_seed(0)
+    tok = _tokenizer()
+    model = TransformerClassifier(tok.get_vocab_size(), 2, embed_dim=8, num_heads=2).eval()
+    ids = torch.tensor([tok.encode(" ".join(WORDS[:12])).ids])
+    mask = ids != 0
+    page = build_report(model, ids, mask, tmp_path, tokens=tokens_for_batch(tok, ids, mask), key_aware=True,
+                        faithfulness=False).read_text()
+    heads = json.loads((tmp_path / "report.json").read_text())["heads"]
+    assert [r["key_aware_resolved"] for r in heads] == [threshold == 0.0] * 2
+    assert all(r["key_aware_margin"] is None or r["key_aware_margin"] > 0 for r in heads)
+    assert page.count("unresolved (margin") == (0 if threshold == 0.0 else 2)
 
 
 @pytest.fixture(scope="module")

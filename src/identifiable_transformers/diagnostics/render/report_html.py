@@ -31,6 +31,7 @@ import torch
 
 from ...files import atomic_write
 from ..maths import attention_identifiability, identifiable_length, key_aware_alternative_dims
+from ..maths.key_aware import UNRESOLVED_MARGIN
 
 __all__ = ["build_report", "tokens_for_batch"]
 
@@ -210,7 +211,11 @@ def build_report(
         "non-negative, row-stochastic map with A'T = AT; its TV distance to A (max over query rows) shows how "
         "different an equally valid explanation can be; <i>rel. err.</i> = ‖A'T − AT‖/‖AT‖ checks it. "
         "<i>eff. gap</i> = ‖A − A<sub>eff</sub>‖/‖A‖, the share of attention the output cannot see (Brunner's "
-        "effective attention).</p>")
+        "effective attention)."
+        + (" <i>key-aware alt. dim</i> = how many of the key-agnostic alternatives the head could produce itself by "
+           "changing its queries and keys (docs/identifiability.md §2.5); a count marked <i>unresolved</i> has a "
+           f"margin below {UNRESOLVED_MARGIN:g}: float64 cannot tell it from a neighbouring count, so it is not a "
+           "property of the head." if ka else "") + "</p>")
     records = []
     for b in _examples(B):
         n = int(rep["lengths"][b])
@@ -233,13 +238,19 @@ def build_report(
                 if ka:
                     r["key_aware_alternative_dim"] = int(ka["alternative_dim"][b, l, h])
                     r["key_agnostic_dim"] = int(ka["key_agnostic_dim"][b, l, h])
+                    r["key_aware_resolved"] = bool(ka["resolved"][b, l, h])
+                    r["key_aware_margin"] = ka["margin"][b][l][h]  # None: no rank decision near a tolerance
                 records.append(r)
                 cells = [l, h, r["null_dim"], r["stochastic_null_dim"],
                          _verdict(r["null_dim"], r["stochastic_null_dim"], r["alt_attention_tv"]),
                          f"{r['alt_attention_tv']:.3f}", f"{r['witness_rel_error']:.1e}", f"{r['effective_gap']:.3f}",
                          f"{r['sigma_ratio']:.1e}", f"{r['attention_entropy']:.2f}"]
                 if ka:
-                    cells += [r["key_aware_alternative_dim"], r["key_agnostic_dim"]]
+                    alt = r["key_aware_alternative_dim"]
+                    if not r["key_aware_resolved"]:  # float64 cannot tell this count from a neighbouring one
+                        m = r["key_aware_margin"]
+                        alt = f"{alt} <span class='bad'>unresolved (margin {'n/a' if m is None else f'{m:.1f}'})</span>"
+                    cells += [alt, r["key_agnostic_dim"]]
                 rows.append("<tr>" + "".join(f"<td{' class=l' if i == 4 else ''}>{c}</td>"
                                              for i, c in enumerate(cells)) + "</tr>")
         parts.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in head_cols) + "</tr>" + "".join(rows)

@@ -7,6 +7,8 @@ and identifiability against the key size. When the runs logged the faithfulness 
 (docs/faithfulness.md) it also writes ``faithfulness.md``/``.csv`` (mean ± std over seeds per
 configuration and explainer) and ``seed_agreement.md``/``.csv`` (Jensen-Shannon divergence between the
 seeds' explanations of the same probe examples, from each run's ``identifiability/explanations.json``).
+When the runs logged per-length-bin metrics (``len_le_<N>``), ``lengths.md``/``.csv`` give identifiability and
+raw and effective attention's faithfulness per configuration and bin (:mod:`.lengths`).
 ``key_aware.md``/``.csv`` tabulate the docs/identifiability.md 2.5 key-aware count of alternatives per
 configuration and input length (``--key-aware-lengths``; by default n, n/4 and n/16 with n the runs' longest
 validation example, :func:`.run_files.default_key_aware_lengths`), beside matched random heads,
@@ -23,9 +25,10 @@ written over an earlier one without ``--overwrite``. A user mistake ends with on
 status 1.
 
 One idea per module: :mod:`.runs` (loading the runs, the results table), :mod:`.markdown` (the
-markdown tables), :mod:`.faithfulness` (faithfulness table, seed agreement), :mod:`.key_aware` (the
-key-aware count per checkpoint and its table), :mod:`.run_files` (the per-run files beside metrics.json: their
-checks, the default key-aware lengths), :mod:`.plots`, :mod:`.cli` (arguments and ``main``).
+markdown tables), :mod:`.faithfulness` (faithfulness table, seed agreement), :mod:`.lengths` (the per-length
+table), :mod:`.key_aware` (the key-aware count per checkpoint and its table), :mod:`.run_files` (the per-run files
+beside metrics.json: their checks, the default key-aware lengths), :mod:`.plots`, :mod:`.cli` (arguments and
+``main``).
 """
 
 from .cli import main

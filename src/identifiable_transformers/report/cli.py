@@ -18,6 +18,7 @@ from ..files import atomic_write
 from .designs import write_design_comparison
 from .faithfulness import faithfulness_table, seed_agreement
 from .key_aware import KEY_AWARE_LENGTHS, default_cache_dir, ensure_key_aware, key_aware_lengths, key_aware_table
+from .lengths import length_table
 from .markdown import markdown_table
 from .plots import plot, plot_key_aware
 from .run_files import default_key_aware_lengths, usable
@@ -97,6 +98,11 @@ def _report(args: argparse.Namespace) -> None:
         if out / "faithfulness_designs.md" not in written and set(runs["head_combine"]) >= {"add", "concat"}:
             notes.append("no faithfulness_designs.md: no dataset and key size has two runs of each design "
                          "(identifiable and baseline)")
+    lengths_table = length_table(runs)
+    if lengths_table is not None:  # identifiability and faithfulness per cumulative length bin
+        atomic_write(out / "lengths.csv", lengths_table.to_csv(index=False))
+        atomic_write(out / "lengths.md", markdown_table(lengths_table, GROUP + ["length_le"], digits=3))
+        written += [out / "lengths.md", out / "lengths.csv"]
     targets = args.key_aware_lengths
     if targets is None:
         targets, source = default_key_aware_lengths(runs)

@@ -60,7 +60,7 @@ def failed_jobs(sweep_dir: Path) -> list[str]:
 
 def _numbers(metrics: dict) -> dict:
     """The metrics the tables use, each a number or null; anything else is not train.py's metrics.json."""
-    used = {*COLUMNS.values(), *(k for k in metrics if k.startswith("val/faith/"))}
+    used = {*COLUMNS.values(), *(k for k in metrics if k.startswith(("val/faith/", "val/ident/len_le_")))}
     for key in sorted(used & set(metrics)):
         value = metrics[key]
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -87,6 +87,8 @@ def _row(result: dict, run: str, run_dir: Path) -> dict:
         # every faithfulness metric, per-epoch ones and the end-of-fit val/faith/final/*
         **{k[len("val/"):]: v for k, v in sorted(metrics.items())
            if k.startswith("val/faith/") and k != "val/faith/uniform_acc_gap"},
+        # identifiability per cumulative length bin (the per-length table, lengths.py)
+        **{k[len("val/"):]: v for k, v in sorted(metrics.items()) if k.startswith("val/ident/len_le_")},
         "_dir": str(run_dir),
         "_best_model_path": result.get("best_model_path"),
     }

@@ -25,14 +25,16 @@ PRESETS = {
     "long_range": (
         {"model": DESIGNS, "model.key_dim": ["1", "2", "8", "64"], "seed": SEEDS},
         {"data.name": "synthetic_order", "data.max_length": 512, "model.max_len": 512, "data.synthetic.task": "order",
-         "data.synthetic.min_length": 127, "data.synthetic.max_length": 511, "data.synthetic.size": 20000,
+         "data.synthetic.min_length": 131, "data.synthetic.max_length": 511, "data.synthetic.min_gap": 65,
+         "data.synthetic.size": 20000,
          "data.rationale_field": "rationale", "trainer.accelerator": "gpu", "trainer.max_epochs": 20,
          "callbacks.early_stopping.monitor": "val/acc", "callbacks.faithfulness.max_length": None,
          "model.num_layers": 1},
         24),
     "long_range_two_layers": (
         {"model": DESIGNS, "model.key_dim": ["1", "2", "8", "64"], "seed": SEEDS},
-        {"data.name": "synthetic_order", "data.max_length": 512, "data.synthetic.min_length": 127,
+        {"data.name": "synthetic_order", "data.max_length": 512, "data.synthetic.min_length": 131,
+         "data.synthetic.min_gap": 65,
          "trainer.max_epochs": 20, "callbacks.faithfulness.max_length": None, "model.num_layers": 2,
          "tags": ["long_range", "faithfulness", "two_layers"]},
         24),

@@ -5,6 +5,7 @@ of the generator's bookkeeping."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import numpy as np
@@ -109,6 +110,8 @@ def _evidence(text: str, label: int, task: str) -> list[int]:
     ({"min_length": 2, "num_keywords": [2, 3]}, "min_length"),
     ({"size": 5}, "too small"),
     ({"colour": 3}, "unknown key"),
+    ({"min_gap": 0}, "min_gap=0 must be >= 1"),
+    ({"task": "order", "min_length": 10, "max_length": 20, "min_gap": 5}, r"need 11\): pass data\.synthetic\.min_length>=11"),
 ])
 def test_bad_settings_are_refused(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -188,6 +191,36 @@ def test_contrast_rationales_are_the_first_keyword_and_seeded():
     assert df.equals(generate(spec))
     other = generate(SyntheticSpec.from_config({**spec.as_dict(), "seed": 1}))
     assert (df["text"] != other["text"]).mean() > 0.99
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_min_gap_keeps_consecutive_keywords_apart_and_uses_every_admissible_placement(task):
+    # 3 keywords in 11 words at gaps >= 5: the only placement is 0, 5, 10; in 12 words there are 4 placements.
+    tight = generate(_spec(task, size=200, min_length=11, max_length=11, min_gap=5, num_keywords=3))
+    assert {tuple(p for p, _ in _keywords(t)) for t in tight["text"]} == {(0, 5, 10)}
+    loose = generate(_spec(task, size=400, min_length=12, max_length=12, min_gap=5, num_keywords=3))
+    placements = [tuple(p for p, _ in _keywords(t)) for t in loose["text"]]
+    assert set(placements) == {(0, 5, 10), (0, 5, 11), (0, 6, 11), (1, 6, 11)}
+    counts = np.unique(placements, axis=0, return_counts=True)[1]
+    assert counts.min() > 400 / 4 * 0.6  # uniform over the admissible placements, not piled on a few
+    df = generate(_spec(task, size=500, min_length=40, max_length=60, min_gap=9))
+    for text, label, rationale in zip(df["text"], df["label"], df["rationale"]):
+        pos = [p for p, _ in _keywords(text)]
+        assert min(np.diff(pos)) >= 9 if len(pos) > 1 else True
+        assert sorted(map(int, rationale.split())) == sorted(_evidence(text, label, task))
+    gaps = [b - a for t in df["text"] for a, b in itertools.pairwise([p for p, _ in _keywords(t)])]
+    assert min(gaps) == 9  # the bound is reached
+    assert generate(_spec(task, min_gap=1)).equals(generate(_spec(task)))  # min_gap = 1: the plain draw
+
+
+def test_the_contrast_rows_are_those_the_committed_study_trained_on():
+    """docs/results.md's contrast study is re-reportable only with the same rows: a generator change (such as
+    min_gap's) must leave the default placements alone. The hash is of the rows generated before min_gap existed."""
+    import hashlib
+
+    df = generate(SyntheticSpec.from_config(_conf("data/synthetic_contrast.yaml")["synthetic"]))
+    digest = hashlib.sha256(df.to_csv(index=False).encode()).hexdigest()
+    assert digest == "d256513724230c1c16b26b6cb7a60af47b3c8ea21dc893480d24077f3abebb28"
 
 
 # ------------------------------------------------------------------ settings that are refused, with the fix

@@ -14,9 +14,10 @@ tokenizer. The rationale is the list of 0-based word positions of the keywords t
   the label is that class. The rationale is every keyword of that class (at least two tokens), which the
   model must count against the others. A bag of word *counts* can solve it; word presence alone cannot.
 
-The rows come out as a frame with ``text``, ``label`` (class id) and ``rationale`` (space-separated word
-indices, the ``data.rationale_field`` format), so they go through the same normalisation, splitting,
-tokenizing and caching as a local file with a rationale column.
+``min_gap`` places consecutive keywords at least that many words apart (``long_range``: further apart than the
+designs' identifiable lengths). The rows come out as a frame with ``text``, ``label`` (class id) and
+``rationale`` (space-separated word indices, the ``data.rationale_field`` format), so they go through the same
+normalisation, splitting, tokenizing and caching as a local file with a rationale column.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class SyntheticSpec:
     num_classes: int = 4
     num_keywords: tuple[int, int] = (2, 3)   # keywords per sentence, drawn uniformly in [lo, hi]
     keywords_per_class: int = 1
+    min_gap: int = 1                 # consecutive keywords' positions differ by at least this (1: may be adjacent)
     seed: int = 0
 
     @classmethod
@@ -96,6 +98,12 @@ class SyntheticSpec:
         if not hi <= self.min_length <= self.max_length:
             raise bad(f"need num_keywords <= min_length <= max_length; got num_keywords={list(self.num_keywords)}, "
                       f"min_length={self.min_length}, max_length={self.max_length}.")
+        if self.min_gap < 1:
+            raise bad(f"min_gap={self.min_gap} must be >= 1 (1: keywords may be adjacent).")
+        need = hi + (hi - 1) * (self.min_gap - 1)  # hi keywords, each pair of neighbours min_gap apart
+        if need > self.min_length:
+            raise bad(f"min_gap={self.min_gap} cannot fit {hi} keywords into min_length={self.min_length} words (they "
+                      f"need {need}): pass data.synthetic.min_length>={need} or a smaller data.synthetic.min_gap.")
 
     def words(self) -> int:
         """The generator's distinct words: its filler words and every class keyword."""
@@ -157,7 +165,11 @@ def generate(spec: SyntheticSpec) -> pd.DataFrame:
         classes, y = _keyword_classes(spec, rng)
         length = int(rng.integers(spec.min_length, spec.max_length + 1))
         words = [f"w{i}" for i in rng.integers(spec.vocab, size=length)]
-        slots = np.sort(rng.choice(length, size=len(classes), replace=False))  # keyword positions, in order
+        # Keyword positions, in order, at least min_gap apart: k sorted distinct draws from the positions left once
+        # the k - 1 gaps' extra (min_gap - 1) words are set aside, then shifted by them (uniform over the
+        # admissible placements; min_gap = 1 is the plain draw of k distinct positions).
+        k, extra = len(classes), spec.min_gap - 1
+        slots = np.sort(rng.choice(length - (k - 1) * extra, size=k, replace=False)) + extra * np.arange(k)
         for pos, c in zip(slots, classes):
             words[pos] = keyword(c, int(rng.integers(spec.keywords_per_class)), spec.keywords_per_class)
         if spec.task == "order":

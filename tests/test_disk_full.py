@@ -7,6 +7,7 @@ tmpfs (mounted in a private user namespace; skipped where that is not allowed).
 
 import errno
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -65,7 +66,18 @@ def test_a_full_disk_at_the_first_checkpoint_is_one_error_and_leaves_no_truncate
     assert not (folder / "metrics.json").exists()
 
 
-def test_a_full_disk_later_names_the_checkpoint_to_resume_from(make_cfg, tmp_path, monkeypatch):
+class _FullStream:
+    """A log file on a full disk: every write fails with ENOSPC."""
+
+    def write(self, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def flush(self):
+        pass
+
+
+def test_a_full_disk_later_names_the_checkpoint_to_resume_from(make_cfg, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(logging, "raiseExceptions", True)  # Python's default, restored after the test
     real_write = atomic_write
 
     def write(path, data, *args, **kwargs):  # metrics.json, written last, meets the full disk
@@ -86,6 +98,16 @@ def test_a_full_disk_later_names_the_checkpoint_to_resume_from(make_cfg, tmp_pat
     assert f"ckpt_path={last}" in str(err.value) and f"hydra.run.dir={folder}" in str(err.value)
     assert last.is_file() and not (folder / "metrics.json").exists()
     assert not [f for f in _files(folder) if ".tmp-" in f]
+    # The job's log file is on the full disk too: its later lines fail without a "--- Logging error ---" traceback.
+    capsys.readouterr()
+    handler = logging.StreamHandler(_FullStream())
+    logger = logging.getLogger("identifiable_transformers.test_disk_full")
+    logger.addHandler(handler)
+    try:
+        logger.warning("a line the full disk cannot take")
+    finally:
+        logger.removeHandler(handler)
+    assert "Logging error" not in capsys.readouterr().err
 
 
 def test_a_full_disk_while_the_cache_is_built_is_one_error_and_leaves_no_cache(make_cfg, tmp_path, monkeypatch):

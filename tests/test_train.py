@@ -13,7 +13,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
 from identifiable_transformers.lit_module import TextClassifier
-from identifiable_transformers.training import build_loggers, check_strategy, run
+from identifiable_transformers.run_loggers import build_loggers
+from identifiable_transformers.training import check_strategy, run
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

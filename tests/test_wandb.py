@@ -27,7 +27,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import open_dict
 
-from identifiable_transformers.training import _hydra_runtime, log_once, run
+from identifiable_transformers.run_loggers import hydra_runtime, log_once
+from identifiable_transformers.training import run
 
 BLOCK = 32 * 1024
 HEADER = 7
@@ -229,16 +230,16 @@ def test_group_is_the_sweep_or_the_experiment(monkeypatch, overrides, mode, swee
     else:
         monkeypatch.delenv("WANDB_SWEEP_ID", raising=False)
     _hydra_cfg(*overrides, mode=mode)
-    assert _hydra_runtime()[2] == group
+    assert hydra_runtime()[2] == group
     GlobalHydra.instance().clear()
 
 
 def test_run_name_is_the_overrides_without_seeds_paths_and_logger_settings():
     _hydra_cfg("seed=3", "model=baseline", "paths.log_dir=/tmp/x", "paths.cache_dir=/tmp/c", "logger=wandb",
                "logger.wandb.log_model=true", "model.key_dim=4", "tags=[a]", "trainer.enable_progress_bar=false")
-    assert _hydra_runtime()[1] == "model.key_dim=4,model=baseline"
+    assert hydra_runtime()[1] == "model.key_dim=4,model=baseline"
     _hydra_cfg("seed=3")
-    assert _hydra_runtime()[1] == "defaults"
+    assert hydra_runtime()[1] == "defaults"
     GlobalHydra.instance().clear()
 
 

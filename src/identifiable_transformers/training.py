@@ -17,7 +17,6 @@ import lightning.pytorch as pl
 import torch
 from filelock import FileLock
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -29,7 +28,6 @@ from .checkpoint import CheckpointError, check_compatible, read_checkpoint
 from .cli import Interrupted
 from .config_checks import check_config
 from .data.cache import writable
-from .data.sources import host_reachable
 from .files import DiskFullError, atomic_write, free_space, is_disk_full
 from .history import MetricsHistory
 from .interrupts import Terminated, how_to_resume, received_sigterm, sigterm_stops_the_run, where_it_stopped
@@ -42,84 +40,15 @@ from .run_checks import (
     refuse_other_architecture,
 )
 from .run_lock import unlock_run_folder
+from .run_loggers import build_loggers, hydra_runtime, log_once, quiet_logging_errors
 from .wandb_logging import log_run_end
 
 log = logging.getLogger(__name__)
 
 
-def configure_wandb_mode() -> None:
-    """Never let W&B block a run: log offline without an API key or without a route to W&B."""
-    if os.environ.get("WANDB_MODE"):
-        return
-    has_key = bool(os.environ.get("WANDB_API_KEY")) or _wandb_netrc_key()
-    if not has_key:
-        reason = "no W&B API key is configured"
-    elif not host_reachable("api.wandb.ai"):
-        reason = "api.wandb.ai is unreachable"
-    else:
-        return
-    os.environ["WANDB_MODE"] = "offline"
-    log.warning("W&B logs offline because %s; upload later with `wandb sync <run dir>/wandb/offline-run-*`", reason)
-
-
-def _wandb_netrc_key() -> bool:
-    import netrc
-
-    try:
-        auth = netrc.netrc().authenticators("api.wandb.ai")
-    except (FileNotFoundError, netrc.NetrcParseError):
-        return False
-    return bool(auth and auth[2])
-
-
-def _hydra_runtime() -> tuple[bool, str, str]:
-    """(is_multirun, run name, group) — neutral values outside Hydra.
-
-    The name is Hydra's ``override_dirname`` (conf/hydra/default.yaml leaves out seeds, paths and
-    logger settings). The group is the sweep inside a Hydra multirun or a W&B sweep, else the
-    experiment, ``<data>-<model>``.
-    """
-    if not HydraConfig.initialized():
-        return False, "run", "single"
-    hc = HydraConfig.get()
-    multirun = hc.mode == RunMode.MULTIRUN
-    name = hc.job.override_dirname or "defaults"
-    if multirun:
-        group = f"sweep-{Path(hc.sweep.dir).name}"
-    elif os.environ.get("WANDB_SWEEP_ID"):
-        group = f"sweep-{os.environ['WANDB_SWEEP_ID']}"
-    else:
-        choices = hc.runtime.choices
-        group = "-".join(str(choices[k]) for k in ("data", "model") if choices.get(k)) or "single"
-    return multirun, name, group
-
-
-def _hydra_overrides() -> dict:
-    """The command line's overrides and the chosen config options, for the W&B run's config."""
-    if not HydraConfig.initialized():
-        return {}
-    hc = HydraConfig.get()
-    return {"overrides": list(hc.overrides.task), "choices": {k: v for k, v in hc.runtime.choices.items()
-                                                             if k != "hydra" and not k.startswith("hydra/")}}
-
-
-def log_once() -> None:
-    """Lightning's package loggers print through console handlers of their own: ``lightning`` also
-    passes its lines on to the root logger, so under Hydra (which gives the root a console and a file
-    handler) every INFO line came twice; ``lightning.pytorch``/``lightning.fabric``, when imported
-    before Hydra set up logging, print unformatted and skip the job's .log file. Keep the root's."""
-    if not logging.getLogger().handlers:
-        return
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
-        logger = logging.getLogger(name)
-        for handler in [h for h in logger.handlers if type(h) is logging.StreamHandler]:
-            logger.removeHandler(handler)
-        logger.propagate = True
-
-
 def check_strategy(cfg: DictConfig) -> None:
     """Plain ddp re-runs the script per rank: inside a local --multirun that re-runs the sweep."""
-    multirun, _, _ = _hydra_runtime()
+    multirun, _, _ = hydra_runtime()
     strategy = str(cfg.trainer.get("strategy", "auto"))
     devices = cfg.trainer.get("devices", 1)
     many = devices == -1 or (isinstance(devices, int) and devices > 1) or not isinstance(devices, int)
@@ -140,34 +69,6 @@ def _instantiate_dict(node: DictConfig | None) -> list:
     if not node:
         return []
     return [hydra.utils.instantiate(v) for v in node.values() if isinstance(v, DictConfig) and "_target_" in v]
-
-
-def study_keys(cfg: DictConfig) -> dict:
-    """Flat run-config keys the W&B workspace groups and plots by (wandb_workspace.py): the design
-    (the model config's name) and the key size actually used (key_dim null means d/h)."""
-    model = cfg.model
-    choice = HydraConfig.get().runtime.choices.get("model") if HydraConfig.initialized() else None
-    if "embed_dim" not in model:  # model=pretrained: the encoder's shape is known once it is loaded
-        return {"design": choice or "pretrained", "key_dim": None}
-    key_dim = model.get("key_dim") or model.embed_dim // model.num_heads
-    return {"design": choice or model.get("head_combine"), "key_dim": int(key_dim)}
-
-
-def build_loggers(cfg: DictConfig) -> list:
-    _, name, group = _hydra_runtime()
-    loggers = []
-    for conf in (cfg.get("logger") or {}).values():
-        if "_target_" not in conf:
-            continue
-        if "WandbLogger" in conf._target_:
-            configure_wandb_mode()
-            extra = {"name": conf.get("name") or name, "group": conf.get("group") or group}
-            extra["config"] = {**study_keys(cfg), **({"hydra": h} if (h := _hydra_overrides()) else {})}
-            # partial: `config` (wandb.init's) would collide with instantiate's own first argument
-            loggers.append(hydra.utils.instantiate(conf, _partial_=True)(**extra))
-        else:
-            loggers.append(hydra.utils.instantiate(conf))
-    return loggers
 
 
 def count_parameters(model: torch.nn.Module) -> dict[str, int]:
@@ -208,10 +109,12 @@ def run(cfg: DictConfig) -> dict:
             raise
         raise _ctrl_c(cfg, output_dir, state) from None
     except DiskFullError as e:
+        quiet_logging_errors()
         raise DiskFullError(f"{e} {how_to_resume(cfg, output_dir)}") from None
     except OSError as e:  # a full disk under a writer of another library (Lightning's CSV logger, Hydra, W&B)
         if not is_disk_full(e):
             raise
+        quiet_logging_errors()
         raise DiskFullError(f"the disk is full ({free_space(output_dir)} free on the disk of {output_dir}): {e}. "
                             f"Free space there, or write the run to another disk. {how_to_resume(cfg, output_dir)}"
                             ) from None
@@ -382,7 +285,7 @@ def _check_same_tokenizer(ckpt: dict, datamodule, path: str) -> None:
 
 def where_things_are(output_dir: Path, result: dict) -> str:
     """The end-of-run block: where the metrics, the best checkpoint and the plots are, what to run next."""
-    multirun, _, _ = _hydra_runtime()
+    multirun, _, _ = hydra_runtime()
     sweep_dir = output_dir.parent if multirun else output_dir
     best = result.get("best_model_path")
     score = f" (val/acc {result['best_val_acc']:.4f})" if result.get("best_val_acc") is not None else ""

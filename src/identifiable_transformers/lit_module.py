@@ -1,4 +1,5 @@
-"""LightningModule: loss, metrics and optimiser around a TransformerClassifier.
+"""LightningModules: ``ClassifierModule`` (loss, metrics, optimiser, exact resume) and ``TextClassifier``, which
+builds the project's TransformerClassifier in it.
 
 All constructor arguments are primitives and saved as hyper-parameters, so
 ``TextClassifier.load_from_checkpoint(path)`` rebuilds the model, its tokenizer and label names
@@ -73,54 +74,20 @@ def check_training_args(num_classes: int, lr: float, weight_decay: float, warmup
         raise ValueError(f"label_names has {len(label_names)} names but num_classes={num_classes}")
 
 
-class TextClassifier(pl.LightningModule):
-    def __init__(
-        self,
-        vocab_size: int,
-        num_classes: int,
-        # encoder (see TransformerClassifier)
-        embed_dim: int = 64,
-        num_heads: int = 4,
-        key_dim: int | None = None,
-        value_dim: int | None = None,
-        head_combine: str = "concat",
-        num_layers: int = 1,
-        ffn_dim: int = 256,
-        dropout: float = 0.1,
-        max_len: int = 512,
-        positional: str = "learned",
-        pooling: str = "cls",
-        pad_id: int = 0,
-        activation: str = "relu",
-        norm_first: bool = False,
-        compile: bool = False,  # torch.compile the encoder (opt-in; docs/performance.md)
-        cuda_graphs: bool = False,  # on CUDA: the training forward and backward replayed as CUDA graphs
-        # optimisation
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
-        betas: tuple[float, float] = (0.9, 0.999),
-        warmup_steps: int = 0,
-        scheduler: str = "constant",
-        label_smoothing: float = 0.0,
-        # carried in the checkpoint for inference and analysis
-        label_names: list[str] | None = None,
-        tokenizer_json: str | None = None,
-        data_cfg: dict | None = None,
-    ):
+class ClassifierModule(pl.LightningModule):
+    """Loss, sync-free metrics, optimiser and schedules, exact resume and checkpoint checks around ``self.model``, a
+    classifier that each subclass builds after ``super().__init__`` and its own ``save_hyperparameters`` (so that a
+    checkpoint holds that subclass's arguments only): :class:`TextClassifier` (the project's encoder) and
+    :class:`~.pretrained_module.PretrainedTextClassifier` (a Hugging Face encoder)."""
+
+    def __init__(self, num_classes: int, lr: float, weight_decay: float, warmup_steps: int, scheduler: str,
+                 label_smoothing: float, label_names: list[str] | None):
         super().__init__()
         check_training_args(num_classes, lr, weight_decay, warmup_steps, scheduler, label_smoothing, label_names)
-        if compile and cuda_graphs:
-            raise ValueError("model.compile=true and model.cuda_graphs=true exclude each other: cuda_graphs compiles "
-                             "the training step itself (docs/performance.md); set one of them to false")
-        # logger=False: the training app logs the resolved config itself (without the tokenizer blob).
-        self.save_hyperparameters(logger=False)
-        self.model = TransformerClassifier(**{k: v for k, v in self.hparams.items() if k in _MODEL_ARGS})
-        if compile:
-            _compile_in_place(self.model)
         self._init_metrics(num_classes)
 
     def _init_metrics(self, num_classes: int) -> None:
-        """The stage metrics (and the state of model.cuda_graphs); subclasses with another model call it too."""
+        """The stage metrics, and the state of model.cuda_graphs."""
         self._graphed_loss = None  # model.cuda_graphs on CUDA: the compiled _forward_loss (on_fit_start)
         # Paper-style accuracy is micro-averaged; torchmetrics' default would average per class. Both count
         # without host synchronisation and leave out the padding rows of a fixed-size batch (metrics.py).
@@ -292,3 +259,51 @@ class TextClassifier(pl.LightningModule):
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class TextClassifier(ClassifierModule):
+    """The project's encoder (:class:`~.models.TransformerClassifier`) built from primitive arguments, all saved as
+    hyper-parameters."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_classes: int,
+        # encoder (see TransformerClassifier)
+        embed_dim: int = 64,
+        num_heads: int = 4,
+        key_dim: int | None = None,
+        value_dim: int | None = None,
+        head_combine: str = "concat",
+        num_layers: int = 1,
+        ffn_dim: int = 256,
+        dropout: float = 0.1,
+        max_len: int = 512,
+        positional: str = "learned",
+        pooling: str = "cls",
+        pad_id: int = 0,
+        activation: str = "relu",
+        norm_first: bool = False,
+        compile: bool = False,  # torch.compile the encoder (opt-in; docs/performance.md)
+        cuda_graphs: bool = False,  # on CUDA: the training forward and backward replayed as CUDA graphs
+        # optimisation
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 0,
+        scheduler: str = "constant",
+        label_smoothing: float = 0.0,
+        # carried in the checkpoint for inference and analysis
+        label_names: list[str] | None = None,
+        tokenizer_json: str | None = None,
+        data_cfg: dict | None = None,
+    ):
+        super().__init__(num_classes, lr, weight_decay, warmup_steps, scheduler, label_smoothing, label_names)
+        if compile and cuda_graphs:
+            raise ValueError("model.compile=true and model.cuda_graphs=true exclude each other: cuda_graphs compiles "
+                             "the training step itself (docs/performance.md); set one of them to false")
+        # logger=False: the training app logs the resolved config itself (without the tokenizer blob).
+        self.save_hyperparameters(logger=False)
+        self.model = TransformerClassifier(**{k: v for k, v in self.hparams.items() if k in _MODEL_ARGS})
+        if compile:
+            _compile_in_place(self.model)

@@ -1,20 +1,18 @@
 """LightningModule fine-tuning a pretrained Hugging Face encoder (``model=pretrained``, docs/pretrained.md).
 
-``PretrainedTextClassifier`` is a :class:`~.lit_module.TextClassifier` (same loss, metrics, optimiser,
-schedules, exact resume and checkpoint checks) whose ``model`` is a
+``PretrainedTextClassifier`` is a :class:`~.lit_module.ClassifierModule`, as ``TextClassifier`` is (same loss,
+metrics, optimiser, schedules, exact resume and checkpoint checks), whose ``model`` is a
 :class:`~.models.pretrained.PretrainedClassifier`. The encoder's configuration is saved in the hyper-parameters
 (``hf_config``), so ``load_from_checkpoint`` rebuilds the model from the checkpoint alone: no hub, no folder.
 """
 
 from __future__ import annotations
 
-import lightning.pytorch as pl
-
-from .lit_module import TextClassifier, check_training_args
+from .lit_module import ClassifierModule
 from .models.pretrained import build_pretrained_classifier
 
 
-class PretrainedTextClassifier(TextClassifier):
+class PretrainedTextClassifier(ClassifierModule):
     def __init__(
         self,
         name_or_path: str,
@@ -39,8 +37,7 @@ class PretrainedTextClassifier(TextClassifier):
         hf_config: dict | None = None,
     ):
         args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # before any other local
-        pl.LightningModule.__init__(self)  # not TextClassifier's: it builds the project's own encoder
-        check_training_args(num_classes, lr, weight_decay, warmup_steps, scheduler, label_smoothing, label_names)
+        super().__init__(num_classes, lr, weight_decay, warmup_steps, scheduler, label_smoothing, label_names)
         self.save_hyperparameters(args, logger=False)
         self.model = build_pretrained_classifier(name_or_path, num_classes, pooling=pooling, dropout=dropout,
                                                  pad_id=pad_id, max_len=max_len, hf_config=hf_config)
@@ -55,7 +52,6 @@ class PretrainedTextClassifier(TextClassifier):
                              f"pad_token_id={config.pad_token_id}: use the checkpoint's own tokenizer")
         if hf_config is None:
             self.hparams["hf_config"] = config.to_dict()
-        self._init_metrics(num_classes)
 
     @property
     def architecture(self) -> dict:

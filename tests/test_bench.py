@@ -1,5 +1,6 @@
 """The equal-shapes benchmark runs (tiny sizes; its figures are read by people, not asserted: no timed tests)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,3 +34,14 @@ def test_gpu_check_runs_its_checks_on_the_cpu():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "30 passed, 0 failed" in out.stdout
     assert out.stdout.count("PASS ") == 30 and "FAIL" not in out.stdout
+
+
+def test_bench_diagnostics_memory_prints_one_row_per_design_from_fresh_processes():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_diagnostics.py"), "--memory", "--examples", "100"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-3].split() == ["heads", "peak", "MB", "pass", "peak", "MB", "wall", "s", "cpu", "s"]
+    for line, design in zip(lines[-2:], ("concat", "add")):
+        name, peak, pass_peak, wall, cpu = line.split()
+        assert name == design and float(peak) > float(pass_peak) > 0 and float(wall) > 0

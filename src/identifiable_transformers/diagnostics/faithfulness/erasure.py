@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from ._common import _order, _scorable, _top_masks
-from .readout import _masked_probs
+from .readout import _MaskedCopies
 
 AOPC_BINS = (1, 5, 10, 20, 50)  # percent of the real tokens (ERASER, DeYoung et al. 2020)
 
@@ -16,7 +16,7 @@ AOPC_BINS = (1, 5, 10, 20, 50)  # percent of the real tokens (ERASER, DeYoung et
 def _erasure_metrics(model, ids: Tensor, mask: Tensor, scores: dict[str, Tensor], pred: Tensor, prob: Tensor
                      ) -> dict[str, Tensor]:
     """comprehensiveness, sufficiency (AOPC over AOPC_BINS) and flip_frac per example, for each explainer; its
-    masked copies run as one batch (chunked in ``_masked_probs``), one explainer after another, so memory stays at
+    masked copies run as one batch (chunked in ``_MaskedCopies``), one explainer after another, so memory stays at
     one explainer's copies."""
     B, T = mask.shape
     dev = mask.device
@@ -35,6 +35,7 @@ def _erasure_metrics(model, ids: Tensor, mask: Tensor, scores: dict[str, Tensor]
     nan = torch.full((B,), math.nan, device=dev)
     keep = torch.cat([torch.ones(B, K, dtype=torch.bool, device=dev), step_ok], dim=1)
     b, s_idx = keep.nonzero(as_tuple=True)  # the copies each explainer runs: its K bins and its n prefixes
+    copies = _MaskedCopies(model, ids)  # built once: the one-layer shortcut's projections serve every explainer
     out: dict[str, Tensor] = {}
     for name, s in scores.items():  # one explainer at a time: its copies' masks are (copies, T) bools
         order = _order(s, mask)
@@ -44,7 +45,7 @@ def _erasure_metrics(model, ids: Tensor, mask: Tensor, scores: dict[str, Tensor]
         prefix = _top_masks(order, steps, T) & scorable[:, None, :]  # (B, T-1, T)
         flip = mask[:, None, :] & ~prefix
         both = torch.cat([suff, flip], dim=1)  # (B, K + T - 1, T)
-        p = _masked_probs(model, ids, b, both[b, s_idx])
+        p = copies(b, both[b, s_idx])
         del top, suff, prefix, flip, both
         grid = torch.full((B, K + T - 1, p.shape[-1]), math.nan, device=dev)
         grid[b, s_idx] = p

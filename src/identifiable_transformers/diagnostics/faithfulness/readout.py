@@ -58,26 +58,41 @@ class _ClsReadout:
         return self.model.head(self.model.final_norm(x)[:, 0])
 
 
-def _masked_probs(model, input_ids: Tensor, example: Tensor, masks: Tensor) -> Tensor:
-    """Class probabilities of example ``example[s]`` seen through ``masks[s]``: (S,) and (S, T) -> (S, C).
+class _MaskedCopies:
+    """Class probabilities of masked copies of one batch, called once per set of copies (erasure: once per
+    explainer). The one-layer shortcut's queries, keys and values are computed once, when it is built."""
 
-    One-layer cls-pooling models use the exact ``_ClsReadout`` shortcut, in chunks of rows. Otherwise rows run
-    through the model in order, in chunks, each cut to its last real position, so examples sorted by length waste
-    little on padding.
-    """
-    out = []
-    T = input_ids.shape[1]
-    with torch.no_grad():
-        if _ClsReadout.applies(model):
-            readout = _ClsReadout(model, input_ids)
-            step = max(1, _CHUNK_WEIGHTS // (readout.scores.shape[1] * max(T, 1)))
-            for i in range(0, masks.shape[0], step):
-                e = example[i : i + step]
-                out.append(readout.logits(e, readout.weights(e, masks[i : i + step])).float().softmax(-1))
-        else:
-            step = max(1, _CHUNK_TOKENS // max(T, 1))
-            for i in range(0, masks.shape[0], step):
-                m = masks[i : i + step]
-                t = int(m.any(0).nonzero().max()) + 1
-                out.append(model(input_ids[example[i : i + step], :t], m[:, :t]).logits.float().softmax(-1))
-    return torch.cat(out) if out else masks.new_zeros(0, 0, dtype=torch.float32)
+    def __init__(self, model, input_ids: Tensor):
+        self.model, self.input_ids = model, input_ids
+        with torch.no_grad():
+            self.readout = _ClsReadout(model, input_ids) if _ClsReadout.applies(model) else None
+
+    def __call__(self, example: Tensor, masks: Tensor) -> Tensor:
+        """Class probabilities of example ``example[s]`` seen through ``masks[s]``: (S,) and (S, T) -> (S, C).
+
+        One-layer cls-pooling models use the exact ``_ClsReadout`` shortcut, in chunks of rows. Otherwise rows
+        run through the model in order, in chunks, each cut to its last real position, so examples sorted by
+        length waste little on padding.
+        """
+        out = []
+        T = self.input_ids.shape[1]
+        with torch.no_grad():
+            if self.readout is not None:
+                readout = self.readout
+                step = max(1, _CHUNK_WEIGHTS // (readout.scores.shape[1] * max(T, 1)))
+                for i in range(0, masks.shape[0], step):
+                    e = example[i : i + step]
+                    out.append(readout.logits(e, readout.weights(e, masks[i : i + step])).float().softmax(-1))
+            else:
+                step = max(1, _CHUNK_TOKENS // max(T, 1))
+                for i in range(0, masks.shape[0], step):
+                    m = masks[i : i + step]
+                    t = int(m.any(0).nonzero().max()) + 1
+                    out.append(self.model(self.input_ids[example[i : i + step], :t], m[:, :t]).logits.float()
+                               .softmax(-1))
+        return torch.cat(out) if out else masks.new_zeros(0, 0, dtype=torch.float32)
+
+
+def _masked_probs(model, input_ids: Tensor, example: Tensor, masks: Tensor) -> Tensor:
+    """One set of masked copies (:class:`_MaskedCopies`): (S,) and (S, T) -> (S, C) class probabilities."""
+    return _MaskedCopies(model, input_ids)(example, masks)

@@ -28,6 +28,9 @@ COLUMNS = {  # column -> key in metrics.json["metrics"]
     "uniform_acc_gap": "val/faith/uniform_acc_gap",
 }
 GROUP = ["data", "head_combine", "embed_dim", "num_heads", "key_dim", "value_dim"]
+# Besides COLUMNS, every run's metrics under these prefixes become columns (``val/`` dropped): every faithfulness
+# metric, per-epoch ones and the end-of-fit val/faith/final/*, and identifiability per cumulative length bin.
+PER_RUN_PREFIXES = ("val/faith/", "val/ident/len_le_")
 
 
 def _natural(name: str) -> list:
@@ -60,7 +63,7 @@ def failed_jobs(sweep_dir: Path) -> list[str]:
 
 def _numbers(metrics: dict) -> dict:
     """The metrics the tables use, each a number or null; anything else is not train.py's metrics.json."""
-    used = {*COLUMNS.values(), *(k for k in metrics if k.startswith(("val/faith/", "val/ident/len_le_")))}
+    used = {*COLUMNS.values(), *(k for k in metrics if k.startswith(PER_RUN_PREFIXES))}
     for key in sorted(used & set(metrics)):
         value = metrics[key]
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -84,11 +87,8 @@ def _row(result: dict, run: str, run_dir: Path) -> dict:
         "best_epoch": result.get("best_epoch"),
         "runtime_s": result.get("runtime_s"),
         **{col: metrics.get(key) for col, key in COLUMNS.items()},
-        # every faithfulness metric, per-epoch ones and the end-of-fit val/faith/final/*
         **{k[len("val/"):]: v for k, v in sorted(metrics.items())
-           if k.startswith("val/faith/") and k != "val/faith/uniform_acc_gap"},
-        # identifiability per cumulative length bin (the per-length table, lengths.py)
-        **{k[len("val/"):]: v for k, v in sorted(metrics.items()) if k.startswith("val/ident/len_le_")},
+           if k.startswith(PER_RUN_PREFIXES) and k != COLUMNS["uniform_acc_gap"]},
         "_dir": str(run_dir),
         "_best_model_path": result.get("best_model_path"),
     }

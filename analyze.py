@@ -17,7 +17,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, ListConfig
 
-from identifiable_transformers.cli import ensure_output_dir, exit_on_user_error
+from identifiable_transformers.common.errors import ensure_output_dir, exit_on_user_error
 
 os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
 log = logging.getLogger("analyze")
@@ -72,8 +72,8 @@ def _split_batch(cfg: DictConfig, module):
     Returns (batch, indices, rationales): rationales (token positions per example) when the split has
     them, examples with one preferred, else None.
     """
-    from identifiable_transformers.checkpoint import data_module_from_checkpoint
     from identifiable_transformers.diagnostics.callbacks.identifiability import select_probe_indices
+    from identifiable_transformers.modules.checkpoint import data_module_from_checkpoint
 
     if cfg.split not in _SPLITS:
         raise ValueError(f"split={cfg.split!r} is unknown; use one of {list(_SPLITS)}")

@@ -36,7 +36,7 @@ from torch import nn
 
 from identifiable_transformers.data import TextDataModule
 from identifiable_transformers.diagnostics import attention_identifiability
-from identifiable_transformers.lit_module import TextClassifier
+from identifiable_transformers.modules.classifier import TextClassifier
 
 PLOT_EVERY = 10  # conf/callbacks/identifiability.yaml: plot_every_n_epochs
 MODEL = dict(embed_dim=64, num_heads=4, ffn_dim=256, dropout=0.1, max_len=512)  # conf/model/baseline.yaml

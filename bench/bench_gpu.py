@@ -38,9 +38,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from identifiable_transformers import lit_module
-from identifiable_transformers.lit_module import TextClassifier
-from identifiable_transformers.sync_check import ForbidHostSync, HostSyncError
+from identifiable_transformers.modules import classifier as lit_module
+from identifiable_transformers.modules.classifier import TextClassifier
+from identifiable_transformers.modules.sync_check import ForbidHostSync, HostSyncError
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("sync", "steps", "epoch", "diagnostics", "sweep")

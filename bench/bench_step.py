@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from identifiable_transformers.lit_module import TextClassifier
+from identifiable_transformers.modules.classifier import TextClassifier
 
 
 @dataclass

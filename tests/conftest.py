@@ -125,7 +125,7 @@ def rewrite_checkpoint():
     of crafted and altered checkpoints for the tests."""
     import torch
 
-    from identifiable_transformers.checkpoint import write_checksum
+    from identifiable_transformers.modules.checkpoint import write_checksum
 
     def rewrite(src: Path, dst: Path, data_cfg: dict | None = None, checksum: bool = False, **changes) -> Path:
         ckpt = torch.load(src, map_location="cpu", weights_only=True)
@@ -167,7 +167,7 @@ def run_killed_at(monkeypatch):
     step changes anything (a callback raises there; the test fails unless the run dies at that point)."""
     import lightning.pytorch as pl
 
-    from identifiable_transformers import training
+    from identifiable_transformers.run import training
 
     class Killed(Exception):
         pass

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from identifiable_transformers.cli import UserError
+from identifiable_transformers.common.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 

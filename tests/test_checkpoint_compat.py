@@ -4,8 +4,8 @@ weights it has that the model lacks (a deeper checkpoint) and those the model ne
 import pytest
 import torch
 
-from identifiable_transformers.checkpoint import CheckpointError
-from identifiable_transformers.training import run
+from identifiable_transformers.modules.checkpoint import CheckpointError
+from identifiable_transformers.run.training import run
 
 
 def test_checkpoints_of_another_depth_name_their_unexpected_and_missing_weights(make_cfg):

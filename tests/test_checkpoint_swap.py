@@ -18,13 +18,13 @@ import torch
 import yaml
 
 from identifiable_transformers import checkpoint as ckpt_mod
-from identifiable_transformers.checkpoint import (
+from identifiable_transformers.data import TextDataModule
+from identifiable_transformers.modules.checkpoint import (
     CheckpointError,
     LastCheckpoint,
     data_module_kwargs,
     read_checkpoint,
 )
-from identifiable_transformers.data import TextDataModule
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from identifiable_transformers.cli import ConfigError, user_error_message
-from identifiable_transformers.config_checks import check_config, describe, matches
+from identifiable_transformers.common.errors import ConfigError, user_error_message
+from identifiable_transformers.run.config_checks import check_config, describe, matches
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,7 +134,7 @@ def test_analyze_missing_checkpoint_ends_cleanly(tmp_path, cache_dir):
     ("model.dropout=2", "model.dropout: dropout must be in [0, 1), got 2"),
     ("model.embed_dim=abc", "model.embed_dim='abc' is not an int: pass e.g. model.embed_dim=64"),
     ("+model.embed_dims=30", "model.embed_dims is not an option of "
-                             "identifiable_transformers.lit_module.TextClassifier: did you mean model.embed_dim?"),
+                             "identifiable_transformers.modules.classifier.TextClassifier: did you mean model.embed_dim?"),
     ("+model.zzz=30", "its options: vocab_size, num_classes, embed_dim"),
     # element types of list values, and no boolean for a string (data.name=true ended in a TypeError)
     ("data.label_names=[[neg],[pos]]", "data.label_names=[['neg'], ['pos']] is not a list of a string or null: "

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from identifiable_transformers.cli import ConfigError
-from identifiable_transformers.config_checks import check_config
-from identifiable_transformers.training import run
+from identifiable_transformers.common.errors import ConfigError
+from identifiable_transformers.run.config_checks import check_config
+from identifiable_transformers.run.training import run
 
 
 @pytest.mark.parametrize("key", ["train", "test"])

@@ -11,7 +11,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from identifiable_transformers.lit_module import TextClassifier
+from identifiable_transformers.modules.classifier import TextClassifier
 
 
 def _build(cfg) -> TextClassifier:

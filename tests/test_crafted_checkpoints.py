@@ -14,8 +14,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from identifiable_transformers.checkpoint import CheckpointError, data_module_from_checkpoint
-from identifiable_transformers.lit_module import TextClassifier
+from identifiable_transformers.modules.checkpoint import CheckpointError, data_module_from_checkpoint
+from identifiable_transformers.modules.classifier import TextClassifier
 from identifiable_transformers.report import main as report
 
 ROOT = Path(__file__).resolve().parents[1]

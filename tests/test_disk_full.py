@@ -17,8 +17,8 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 
-from identifiable_transformers.files import DiskFullError, atomic_write
-from identifiable_transformers.training import run
+from identifiable_transformers.common.files import DiskFullError, atomic_write
+from identifiable_transformers.run.training import run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,7 +87,7 @@ def test_a_full_disk_later_names_the_checkpoint_to_resume_from(make_cfg, tmp_pat
             m.setattr(Path, "write_bytes", lambda self, d: _full(self, d))
             return real_write(path, data, *args, **kwargs)
 
-    import identifiable_transformers.training as training
+    import identifiable_transformers.run.training as training
 
     monkeypatch.setattr(training, "atomic_write", write)
     with pytest.raises(DiskFullError) as err:

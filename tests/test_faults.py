@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from identifiable_transformers.checkpoint import CheckpointError
-from identifiable_transformers.lit_module import TextClassifier
-from identifiable_transformers.training import run
+from identifiable_transformers.modules.checkpoint import CheckpointError
+from identifiable_transformers.modules.classifier import TextClassifier
+from identifiable_transformers.run.training import run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -176,7 +176,7 @@ def test_a_checkpoint_without_checksum_loads_with_a_warning(trained, tmp_path):
 
 
 def test_best_checkpoint_damaged_after_training_is_refused_at_test(make_cfg, tmp_path, monkeypatch):
-    import identifiable_transformers.training as training
+    import identifiable_transformers.run.training as training
 
     real = training.read_checkpoint
 

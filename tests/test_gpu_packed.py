@@ -4,8 +4,8 @@ import pytest
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
-from identifiable_transformers import resolvers
-from identifiable_transformers.config_checks import check_config
+from identifiable_transformers.common import resolvers
+from identifiable_transformers.run.config_checks import check_config
 
 
 @pytest.mark.parametrize("visible,per_gpu,n_jobs", [("0,1,2", 2, 6), ("5", 4, 4), ("0,1,2,3,4,5,6,7", 4, 32)])

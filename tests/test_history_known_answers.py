@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import torch
 
-from identifiable_transformers.history import FILENAME, MetricsHistory
-from identifiable_transformers.training import run
+from identifiable_transformers.run.history import FILENAME, MetricsHistory
+from identifiable_transformers.run.training import run
 
 
 def _rows(path):

@@ -105,6 +105,52 @@ def test_the_maths_needs_no_lightning_and_never_imports_upward():
             assert dep.startswith(maths) or dep.startswith(f"{PACKAGE}.models"), (name, dep)
 
 
+# The package's layers, lowest first: a module imports only its own sub-package and those of lower layers
+# (the package's __init__, its face, sits above them all). hf/ builds on modules/ (its LightningModule is a
+# ClassifierModule); loading.py (a checkpoint -> its model) serves run/ and report/, the top, side by side.
+LAYERS = [
+    {"common"},
+    {"models", "data"},
+    {"tracking"},
+    {"diagnostics"},
+    {"modules"},
+    {"hf"},
+    {"loading"},
+    {"run", "report"},
+]
+
+
+def _layer(module: str) -> tuple[str, int]:
+    rest = module.removeprefix(PACKAGE + ".")
+    if rest == module:
+        return "", len(LAYERS)  # the package's __init__
+    top = rest.split(".")[0]
+    rank = [i for i, layer in enumerate(LAYERS) if top in layer]
+    assert rank, f"{module}: its sub-package {top!r} is in no layer of tests/test_imports.py LAYERS: add it"
+    return top, rank[0]
+
+
+def test_every_sub_package_imports_only_those_below_it():
+    bad = []
+    for name, deps in import_graph().items():
+        top, rank = _layer(name)
+        for dep in deps:
+            dep_top, dep_rank = _layer(dep)
+            if dep_top != top and dep_rank >= rank:
+                bad.append(f"{name} -> {dep}")
+    assert not bad, "imports against the layers:\n" + "\n".join(sorted(bad))
+
+
+def test_the_layer_rule_catches_an_upward_import():
+    assert _layer(f"{PACKAGE}.data.cache")[1] < _layer(f"{PACKAGE}.hf.data")[1]
+    assert _layer(f"{PACKAGE}.common.files")[1] == 0 and _layer(PACKAGE)[1] == len(LAYERS)
+
+
+def test_the_package_root_holds_only_its_face_and_sub_packages():
+    loose = sorted(p.name for p in SRC.glob("*.py") if p.name not in ("__init__.py", "loading.py"))
+    assert not loose, f"modules at the package root: {loose}: put each in the sub-package it belongs to"
+
+
 def test_every_module_imports_alone():
     """Each module in a clean import state (the package's modules forgotten before each one), in one child."""
     names = sorted(n for n in _modules() if not n.endswith("__main__"))  # __main__ runs a command line

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from identifiable_transformers.cli import ConfigError, user_error_message
-from identifiable_transformers.config_checks import check_config
+from identifiable_transformers.common.errors import ConfigError, user_error_message
+from identifiable_transformers.run.config_checks import check_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,7 +63,7 @@ def tiny_ckpt(one_step_checkpoint) -> Path:
     """A one-step checkpoint with the project's tokenizer (it drops HTML line breaks, as for IMDb)."""
 
     from identifiable_transformers.data.tokenizer import train_tokenizer
-    from identifiable_transformers.lit_module import TextClassifier
+    from identifiable_transformers.modules.classifier import TextClassifier
 
     tok = train_tokenizer(["a fine film", "a dull film", "fine and dull"] * 2, vocab_size=20)
     module = TextClassifier(tok.get_vocab_size(), 2, embed_dim=8, num_heads=2, ffn_dim=16, max_len=16,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from identifiable_transformers.lit_module import TextClassifier
+from identifiable_transformers.modules.classifier import TextClassifier
 
 
 def _loader():

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from identifiable_transformers.config_checks import check_config
-from identifiable_transformers.training import _instantiate_dict
+from identifiable_transformers.run.config_checks import check_config
+from identifiable_transformers.run.training import _instantiate_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = [f"debug={p.stem}" for p in sorted((ROOT / "conf" / "debug").glob("*.yaml"))] + ["+sweep=smoke"]

@@ -6,7 +6,7 @@ import warnings
 import lightning.pytorch as pl
 import torch
 
-from identifiable_transformers.quiet import ModelSummary, silence_known_noise
+from identifiable_transformers.common.quiet import ModelSummary, silence_known_noise
 
 
 def test_the_pytree_deprecation_is_dropped_and_other_future_warnings_kept():

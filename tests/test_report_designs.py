@@ -124,7 +124,7 @@ def test_a_sweep_of_the_designs_at_their_default_key_sizes_writes_the_pooled_com
 
 
 def test_equivalence_margins_come_from_the_runs_and_must_agree(tmp_path):
-    from identifiable_transformers.cli import UserError
+    from identifiable_transformers.common.errors import UserError
 
     for i, m in enumerate(({"tau_loo": 0.1}, {"tau_loo": 0.1}, None)):
         _job(tmp_path, i, "add", 2, i, 0.5, margins=m)

@@ -9,8 +9,8 @@ import pytest
 import torch
 import yaml
 
-from identifiable_transformers.cli import UserError
-from identifiable_transformers.training import run
+from identifiable_transformers.common.errors import UserError
+from identifiable_transformers.run.training import run
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from identifiable_transformers.checkpoint import CheckpointError
-from identifiable_transformers.cli import UserError
-from identifiable_transformers.run_checks import RunFolderCheck, check_resume_batch_size
-from identifiable_transformers.training import run
+from identifiable_transformers.common.errors import UserError
+from identifiable_transformers.modules.checkpoint import CheckpointError
+from identifiable_transformers.run.checks import RunFolderCheck, check_resume_batch_size
+from identifiable_transformers.run.training import run
 
 # the crafted checkpoints have no .sha256 beside them: read_checkpoint warns before it refuses them
 pytestmark = pytest.mark.filterwarnings("ignore:.*sha256 beside it")

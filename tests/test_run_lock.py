@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from identifiable_transformers.run_checks import claim_folder
-from identifiable_transformers.run_lock import LOCK_NAME, FolderInUseError, holds_lock, unlock_run_folder
+from identifiable_transformers.run.checks import claim_folder
+from identifiable_transformers.run.lock import LOCK_NAME, FolderInUseError, holds_lock, unlock_run_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CLAIM = """
 import sys, time
 from pathlib import Path
-from identifiable_transformers.run_checks import claim_folder
+from identifiable_transformers.run.checks import claim_folder
 folder, go, stop = map(Path, sys.argv[1:4])
 while not go.exists():
     time.sleep(0.005)

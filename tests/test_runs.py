@@ -9,10 +9,10 @@ import lightning.pytorch as pl
 import pytest
 from omegaconf import OmegaConf
 
-from identifiable_transformers.cli import UserError
-from identifiable_transformers.history import FILENAME
-from identifiable_transformers.run_checks import RunFolderCheck
-from identifiable_transformers.training import run
+from identifiable_transformers.common.errors import UserError
+from identifiable_transformers.run.checks import RunFolderCheck
+from identifiable_transformers.run.history import FILENAME
+from identifiable_transformers.run.training import run
 
 # 2 epochs of 4 steps; last.ckpt also every 2 steps (never on an epoch's last batch)
 RUN = ["trainer.max_epochs=2", "trainer.deterministic=true", "callbacks=[model_checkpoint,last_checkpoint]",
@@ -56,7 +56,7 @@ def test_a_finished_run_is_kept_reported_on_resume_and_its_history_written(make_
     # a checkpoint written before the history: val/acc_best from the model's checkpointed best
     import torch
 
-    from identifiable_transformers.checkpoint import write_checksum
+    from identifiable_transformers.modules.checkpoint import write_checksum
 
     old = torch.load(last_ckpt, map_location="cpu", weights_only=True)
     old["callbacks"] = {k: v for k, v in old["callbacks"].items() if k != "MetricsHistory"}
@@ -83,7 +83,7 @@ class _KillBeforeValidation(pl.Callback):
 
 @pytest.mark.parametrize("epoch", [0, 1], ids=["first_epoch", "last_epoch"])
 def test_a_kill_before_an_epochs_validation_resumes_exactly(make_cfg, tmp_path, monkeypatch, epoch):
-    import identifiable_transformers.training as training
+    import identifiable_transformers.run.training as training
 
     straight = run(make_cfg(*RUN, out="straight"))
     instantiate = training._instantiate_dict

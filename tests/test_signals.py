@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from identifiable_transformers.interrupts import Terminated, sigterm_stops_the_run
-from identifiable_transformers.training import run
+from identifiable_transformers.common.interrupts import Terminated, sigterm_stops_the_run
+from identifiable_transformers.run.training import run
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from identifiable_transformers import lit_module
-from identifiable_transformers.lit_module import TextClassifier
-from identifiable_transformers.metrics import IGNORE_INDEX
-from identifiable_transformers.sync_check import ForbidHostSync, HostSyncError, forbid_host_sync
+from identifiable_transformers.modules import classifier as lit_module
+from identifiable_transformers.modules.classifier import TextClassifier
+from identifiable_transformers.modules.metrics import IGNORE_INDEX
+from identifiable_transformers.modules.sync_check import ForbidHostSync, HostSyncError, forbid_host_sync
 
 
 def _batches(n=4, b=6, t=9, vocab=40, padded_rows=0):

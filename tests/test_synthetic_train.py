@@ -2,7 +2,7 @@
 
 import pytest
 
-from identifiable_transformers.training import run
+from identifiable_transformers.run.training import run
 
 
 def test_a_short_run_on_a_synthetic_task_goes_through(make_cfg):

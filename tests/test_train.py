@@ -12,9 +12,9 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
-from identifiable_transformers.lit_module import TextClassifier
-from identifiable_transformers.run_loggers import build_loggers
-from identifiable_transformers.training import check_strategy, run
+from identifiable_transformers.modules.classifier import TextClassifier
+from identifiable_transformers.run.training import check_strategy, run
+from identifiable_transformers.tracking.loggers import build_loggers
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

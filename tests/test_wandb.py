@@ -27,8 +27,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import open_dict
 
-from identifiable_transformers.run_loggers import hydra_runtime, log_once
-from identifiable_transformers.training import run
+from identifiable_transformers.run.training import run
+from identifiable_transformers.tracking.loggers import hydra_runtime, log_once
 
 BLOCK = 32 * 1024
 HEADER = 7
@@ -121,7 +121,7 @@ def test_offline_run_has_epoch_axis_summaries_tables_group_overrides_and_files(m
     cfg = make_cfg("logger=wandb", "logger.wandb.log_model=true", "trainer.max_epochs=2",
                    "trainer.limit_train_batches=2", "seed=5", f"callbacks.identifiability.async_plots={async_plots}",
                    f"callbacks.identifiability.plot_every_n_epochs={1 if async_plots else 10}")
-    with caplog.at_level(logging.INFO, logger="identifiable_transformers.training"):
+    with caplog.at_level(logging.INFO, logger="identifiable_transformers.run.training"):
         result = run(cfg)
     out = tmp_path / "run"
     [block] = [m.splitlines() for m in caplog.messages if m.startswith("Run finished")]  # where things are
@@ -273,7 +273,7 @@ def test_wandb_sweep_file_runs_train_py_with_hydra_overrides_of_the_key_size_gri
 
 
 def test_workspace_builder_builds_the_key_size_panels_offline(capsys):
-    from identifiable_transformers.wandb_workspace import key_size_workspace, main
+    from identifiable_transformers.tracking.workspace import key_size_workspace, main
 
     view = key_size_workspace("someone")._to_model().model_dump(by_alias=True, exclude_none=True)
     sections = {s["name"]: [p["config"] for p in s["panels"]]
@@ -290,7 +290,7 @@ def test_workspace_builder_builds_the_key_size_panels_offline(capsys):
 
 
 def test_workspace_builder_without_a_route_to_wandb_fails_fast_with_a_message(monkeypatch, capsys):
-    from identifiable_transformers import wandb_workspace
+    from identifiable_transformers.tracking import workspace as wandb_workspace
 
     monkeypatch.setattr(wandb_workspace, "host_reachable", lambda host: False)
     monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org")
@@ -320,7 +320,7 @@ def tiny_checkpoint(one_step_checkpoint) -> Path:
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import Whitespace
 
-    from identifiable_transformers.lit_module import TextClassifier
+    from identifiable_transformers.modules.classifier import TextClassifier
 
     words = "a gripping , beautiful film dull".split()
     tok = Tokenizer(WordLevel({"<pad>": 0, "<unk>": 1, **{w: i + 2 for i, w in enumerate(words)}}, unk_token="<unk>"))
@@ -397,7 +397,7 @@ def test_a_run_is_started_without_the_anonymous_setting(monkeypatch, tmp_path, c
     import wandb.errors.term
     from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
 
-    from identifiable_transformers.wandb_logging import WandbLogger
+    from identifiable_transformers.tracking.wandb_logging import WandbLogger
 
     calls = []
     monkeypatch.setattr(wandb, "init", lambda **kw: calls.append(kw) or mock.MagicMock())

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 
-from .checkpoint import read_checkpoint
+from .modules.checkpoint import read_checkpoint
 
 
 def load_module(path: str | os.PathLike, map_location: str = "cpu"):
     """A ``TextClassifier``, or a ``PretrainedTextClassifier`` for a ``model=pretrained`` checkpoint."""
     ckpt, _ = read_checkpoint(path)
     if "name_or_path" in (ckpt.get("hyper_parameters") or {}):
-        from .pretrained_module import PretrainedTextClassifier as cls
+        from .hf.module import PretrainedTextClassifier as cls
     else:
-        from .lit_module import TextClassifier as cls
+        from .modules.classifier import TextClassifier as cls
     return cls.load_from_checkpoint(str(path), map_location=map_location)

@@ -6,8 +6,8 @@ import torch
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from identifiable_transformers.data.batching import IGNORE_INDEX, bucket_lengths
-from identifiable_transformers.lit_module import TextClassifier
-from identifiable_transformers.training import run
+from identifiable_transformers.modules.classifier import TextClassifier
+from identifiable_transformers.run.training import run
 
 
 def _same(a: list[dict], b: list[dict]) -> None:

@@ -286,8 +286,8 @@ def test_config_checks_refuse_the_synthetic_mistakes_before_any_data(override, e
 
     from hydra import compose, initialize_config_dir
 
-    from identifiable_transformers.cli import ConfigError
-    from identifiable_transformers.config_checks import check_data
+    from identifiable_transformers.common.errors import ConfigError
+    from identifiable_transformers.run.config_checks import check_data
 
     conf = Path(__file__).resolve().parents[2] / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):

@@ -15,8 +15,8 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
 from identifiable_transformers.diagnostics.render.report_html import build_report, tokens_for_batch
-from identifiable_transformers.lit_module import TextClassifier
 from identifiable_transformers.models import TransformerClassifier
+from identifiable_transformers.modules.classifier import TextClassifier
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = "the a film movie good bad great dull funny boring plot acting long short very not".split()
@@ -265,7 +265,7 @@ def test_analyze_split_with_rationales_passes_them_on(monkeypatch):
                 ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
             return {"input_ids": ids, "attention_mask": ids != 0}
 
-    from identifiable_transformers import checkpoint
+    from identifiable_transformers.modules import checkpoint
 
     monkeypatch.setattr(checkpoint, "data_module_from_checkpoint", lambda data_cfg, cache_dir, **kw: FakeData())
     module = SimpleNamespace(hparams={"data_cfg": {"name": "x"}}, tokenizer=tok, model=SimpleNamespace(max_len=64))

@@ -13,7 +13,7 @@ from lightning.pytorch.loggers import CSVLogger
 from identifiable_transformers.diagnostics.callbacks.faithfulness import FaithfulnessCallback
 from identifiable_transformers.diagnostics.callbacks.identifiability import IdentifiabilityCallback
 from identifiable_transformers.diagnostics.faithfulness import CHEAP_EXPLAINERS, METRICS
-from identifiable_transformers.training import run
+from identifiable_transformers.run.training import run
 
 
 def test_training_logs_faithfulness_and_writes_explanations(make_cfg, tmp_path):

@@ -234,7 +234,7 @@ def test_override_attention_in_training_mode():
 def test_compile_without_a_compiler_fails_clearly(monkeypatch):
     import torch._inductor.cpp_builder as builder
 
-    from identifiable_transformers.lit_module import TextClassifier
+    from identifiable_transformers.modules.classifier import TextClassifier
 
     def missing():
         raise RuntimeError("no g++")
@@ -249,7 +249,7 @@ def test_compile_without_a_compiler_fails_clearly(monkeypatch):
 @pytest.mark.parametrize("chunked", [False, True])
 def test_compiled_model_matches_eager(head_combine, chunked, monkeypatch):
     """Compiled against eager; ``chunked``: the attention takes the chunked path (a graph break under compile)."""
-    from identifiable_transformers.lit_module import TextClassifier
+    from identifiable_transformers.modules.classifier import TextClassifier
 
     calls = _force_chunks(monkeypatch, 2**20) if chunked else []
 
@@ -273,7 +273,7 @@ def test_compiled_model_matches_eager(head_combine, chunked, monkeypatch):
 
 def test_configured_adamw_steps_like_the_reference_loop():
     """configure_optimizers' AdamW (fused on CPU) against torch's single-tensor AdamW on the same groups."""
-    from identifiable_transformers.lit_module import TextClassifier
+    from identifiable_transformers.modules.classifier import TextClassifier
 
     torch.manual_seed(8)
     lit = TextClassifier(30, 3, embed_dim=8, num_heads=2, lr=1e-2, weight_decay=0.1)

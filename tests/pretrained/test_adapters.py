@@ -9,8 +9,8 @@ from helpers import tiny_config
 from identifiable_transformers.diagnostics.faithfulness import uniform_attention_logits
 from identifiable_transformers.diagnostics.maths import attention_identifiability, key_aware_alternative_dims
 from identifiable_transformers.diagnostics.maths.key_aware_heads import head_inputs
+from identifiable_transformers.hf.encoder import build_pretrained_classifier
 from identifiable_transformers.models import override_attention
-from identifiable_transformers.models.pretrained import build_pretrained_classifier
 
 FAMILIES = [("bert", 4), ("roberta", 2), ("xlm-roberta", 4), ("distilbert", 4)]
 VOCAB = 60

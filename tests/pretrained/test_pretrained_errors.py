@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import wordpiece_vocab
 
-from identifiable_transformers.config_checks import check_config
+from identifiable_transformers.run.config_checks import check_config
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ["model=pretrained", "data=rt_offline", "trainer=cpu", "logger=none"]
@@ -84,7 +84,7 @@ def test_the_command_line_prints_one_error_line(tmp_path):
 
 def test_a_checkpoint_rebuilds_without_the_original_folder(tiny_bert, tmp_path):
     """The checkpoint carries the encoder's config: loading needs neither the hub nor the folder."""
-    from identifiable_transformers.pretrained_module import PretrainedTextClassifier
+    from identifiable_transformers.hf.module import PretrainedTextClassifier
 
     module = PretrainedTextClassifier(str(tiny_bert), num_classes=2)
     rebuilt = PretrainedTextClassifier("/nowhere", num_classes=2, hf_config=module.hparams.hf_config)

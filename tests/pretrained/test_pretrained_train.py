@@ -9,8 +9,8 @@ import torch
 from helpers import save_tiny_bert
 from tokenizers import Tokenizer
 
-from identifiable_transformers.cli import UserError
-from identifiable_transformers.training import _check_same_tokenizer, run
+from identifiable_transformers.common.errors import UserError
+from identifiable_transformers.run.training import _check_same_tokenizer, run
 
 # conftest's FAST, less its model.* sizes (a pretrained encoder has its own), with small diagnostics
 FAST = ["trainer=cpu", "logger=none", "trainer.max_epochs=1", "trainer.limit_train_batches=3",

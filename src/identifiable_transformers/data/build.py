@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ..cli import Interrupted
-from ..files import DiskFullError, free_space, is_disk_full
-from ..interrupts import workers_leave_ctrl_c_to_the_parent
+from ..common.errors import Interrupted
+from ..common.files import DiskFullError, free_space, is_disk_full
+from ..common.interrupts import workers_leave_ctrl_c_to_the_parent
 from . import prepare as P
 from . import sources as S
 from .cache import _hash_file

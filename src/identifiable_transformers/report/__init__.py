@@ -17,7 +17,7 @@ with the key-aware identifiable length per configuration (``key_aware_length.csv
 when missing or counted at other lengths (``--no-key-aware``: use only the files already there).
 
 A checkpoint is someone else's file: the runs' data is rebuilt from the data settings it holds as
-plain ``TextDataModule`` arguments (:func:`identifiable_transformers.checkpoint.data_module_from_checkpoint`),
+plain ``TextDataModule`` arguments (:func:`identifiable_transformers.modules.checkpoint.data_module_from_checkpoint`),
 never by instantiating its ``_target_``; a refused checkpoint skips that run's key-aware count with a
 warning. A damaged explanations.json or key_aware.json leaves its run out of the table it feeds, with a warning
 naming the run and the file; a metrics.json with a non-number metric skips its run with a warning. A report is never

@@ -13,8 +13,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from ..cli import UserError, ensure_output_dir, user_error_message
-from ..files import atomic_write
+from ..common.errors import UserError, ensure_output_dir, user_error_message
+from ..common.files import atomic_write
 from .designs import write_design_comparison
 from .faithfulness import faithfulness_table, seed_agreement
 from .key_aware import KEY_AWARE_LENGTHS, default_cache_dir, ensure_key_aware, key_aware_lengths, key_aware_table

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..cli import UserError
-from ..files import atomic_write
+from ..common.errors import UserError
+from ..common.files import atomic_write
 from .faithfulness import EXPLAINER_ORDER, FAITH_METRICS, _faith_column
 
 # Per-run scalars compared like the explainers' metrics (as explainer "-"): is attention needed, how

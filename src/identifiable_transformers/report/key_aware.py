@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..files import atomic_write
+from ..common.files import atomic_write
 from .runs import GROUP, ReportWarning
 
 KEY_AWARE_LENGTHS = (16, 64, 256)
@@ -88,8 +88,8 @@ def _probe_batch(module, targets=KEY_AWARE_LENGTHS, cache: dict | None = None, c
     keyword arguments: a checkpoint's ``_target_`` is never run) with this machine's cache."""
     import torch
 
-    from ..checkpoint import CheckpointError, data_module_from_checkpoint
     from ..diagnostics.callbacks.key_aware_probe import key_aware_batch, pick_examples
+    from ..modules.checkpoint import CheckpointError, data_module_from_checkpoint
 
     data_cfg = module.hparams.get("data_cfg")
     if not data_cfg:
@@ -170,7 +170,7 @@ def _load_module(ckpt: Path):
 
 def _refusal(r, ex: Exception) -> bool:
     """Warn and return True if ``ex`` is a user mistake (a refused checkpoint, data missing here); False for a bug."""
-    from ..cli import user_error_message
+    from ..common.errors import user_error_message
 
     message = user_error_message(ex)
     if message is None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..files import atomic_path
+from ..common.files import atomic_path
 
 
 def plot(table: pd.DataFrame, out: Path) -> list[Path]:

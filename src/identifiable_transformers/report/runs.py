@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..cli import UserError
+from ..common.errors import UserError
 from .markdown import markdown_table
 
 

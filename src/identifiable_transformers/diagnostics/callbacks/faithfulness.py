@@ -27,8 +27,8 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from ...files import atomic_write
-from ...wandb_logging import wandb_loggers
+from ...common.files import atomic_write
+from ...tracking.wandb_logging import wandb_loggers
 from ..faithfulness import (
     CHEAP_EXPLAINERS,
     EXPLAINERS,

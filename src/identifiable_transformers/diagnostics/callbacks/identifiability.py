@@ -25,8 +25,8 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from ...files import atomic_write
-from ...wandb_logging import log_epoch_media, logged_step, wandb_loggers
+from ...common.files import atomic_write
+from ...tracking.wandb_logging import log_epoch_media, logged_step, wandb_loggers
 from ..maths import attention_identifiability, identifiable_length
 from .media import IdentifiabilityMedia, _render, attention_image  # noqa: F401 (re-exported)
 from .probes import (

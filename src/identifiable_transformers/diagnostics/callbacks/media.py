@@ -15,7 +15,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from ...wandb_logging import log_epoch_media, logged_step, wandb_loggers
+from ...tracking.wandb_logging import log_epoch_media, logged_step, wandb_loggers
 from ..maths import attention_identifiability
 
 log = logging.getLogger(__name__)

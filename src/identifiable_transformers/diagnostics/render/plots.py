@@ -21,7 +21,7 @@ matplotlib.use("Agg", force=False)
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from ...files import atomic_path  # noqa: E402
+from ...common.files import atomic_path  # noqa: E402
 
 __all__ = ["figure_to_png", "plot_attention_maps", "plot_null_dim_vs_length", "save_figure"]
 
@@ -31,7 +31,7 @@ _MAX_LABELLED_TOKENS = 64  # beyond this, tick labels are thinned out
 def save_figure(fig: Figure, path: str | Path, dpi: int = 80) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:  # a temporary name, renamed once whole (identifiable_transformers.files)
+    with atomic_path(path) as tmp:  # a temporary name, renamed once whole (identifiable_transformers.common.files)
         fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", dpi=dpi)
     return path
 

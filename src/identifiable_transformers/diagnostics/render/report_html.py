@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ...files import atomic_write
+from ...common.files import atomic_write
 from ..maths import attention_identifiability, identifiable_length, key_aware_alternative_dims
 from ..maths.key_aware import UNRESOLVED_MARGIN
 

@@ -21,9 +21,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .cli import UserError
-from .data.cache import nearest_existing, writable
-from .run_lock import lock_run_folder, unlock_run_folder
+from ..common.errors import UserError
+from ..data.cache import nearest_existing, writable
+from .lock import lock_run_folder, unlock_run_folder
 
 
 def finished_run_files(folder: Path) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from .files import atomic_write
+from ..common.files import atomic_write
 
 FILENAME = "metrics_history.csv"
 

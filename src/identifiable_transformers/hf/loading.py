@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .data.sources import _offline_flag_set, hub_endpoint, hub_reachable
+from ..data.sources import _offline_flag_set, hub_endpoint, hub_reachable
 
 log = logging.getLogger(__name__)
 

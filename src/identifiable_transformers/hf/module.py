@@ -8,8 +8,8 @@ metrics, optimiser, schedules, exact resume and checkpoint checks), whose ``mode
 
 from __future__ import annotations
 
-from .lit_module import ClassifierModule
-from .models.pretrained import build_pretrained_classifier
+from ..modules.classifier import ClassifierModule
+from .encoder import build_pretrained_classifier
 
 
 class PretrainedTextClassifier(ClassifierModule):

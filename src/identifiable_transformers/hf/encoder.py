@@ -20,9 +20,9 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from .attention import AttentionInternals
-from .classifier import POOLINGS, ClassifierOutput, _check_choice
-from .hf_adapters import ATTENTION, AttentionState, Family, family_for, register_attention
+from ..models.attention import AttentionInternals
+from ..models.classifier import POOLINGS, ClassifierOutput, _check_choice
+from .adapters import ATTENTION, AttentionState, Family, family_for, register_attention
 
 
 class PretrainedClassifier(nn.Module):
@@ -167,7 +167,7 @@ def build_pretrained_classifier(name_or_path: str, num_classes: int, *, pooling:
     weights are loaded next). On the ``meta`` device only the configuration is read (config checks)."""
     from transformers import AutoConfig, AutoModel
 
-    from .. import hf_loading
+    from . import loading as hf_loading
 
     register_attention()
     if hf_config is None and hf_loading.is_local(name_or_path):

@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 
+from ..models import TransformerClassifier
 from .checkpoint import CheckpointError, read_checkpoint
 from .metrics import IGNORE_INDEX, Accuracy, F1Score
-from .models import TransformerClassifier
 
 SCHEDULERS = ("constant", "linear", "cosine")
 _FUSED_ADAMW_DEVICES = ("cpu", "cuda", "mps", "xpu")

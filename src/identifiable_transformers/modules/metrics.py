@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
-from .data.batching import IGNORE_INDEX  # -100, F.cross_entropy's default: a padding row's label
+from ..data.batching import IGNORE_INDEX  # -100, F.cross_entropy's default: a padding row's label
 
 
 def _counts(logits: torch.Tensor, target: torch.Tensor, num_classes: int, micro: bool):

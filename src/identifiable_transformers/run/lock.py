@@ -18,7 +18,7 @@ import socket
 import time
 from pathlib import Path
 
-from .cli import UserError
+from ..common.errors import UserError
 
 LOCK_NAME = ".run.lock"
 _held: dict[str, int] = {}  # real path of the folder -> the open file descriptor that holds its lock

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the package, not common/
 _INPUT_ERRORS = (ValueError, FileNotFoundError, ConnectionError)  # ConnectionError: data.DataUnavailableError
 
 

@@ -12,7 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from .data.sources import host_reachable
+from ..data.sources import host_reachable
 
 log = logging.getLogger(__name__)
 

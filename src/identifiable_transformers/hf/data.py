@@ -18,7 +18,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from .datamodule import TextDataModule
+from ..data.datamodule import TextDataModule
 
 
 def backend_tokenizer(hf_tokenizer, max_length: int, what: str) -> Tokenizer:
@@ -52,7 +52,7 @@ class PretrainedTextDataModule(TextDataModule):
         if self.tokenizer_file:
             raise ValueError("tokenizer_file cannot be used with pretrained_tokenizer: the data is encoded with the "
                              "checkpoint's own tokenizer; set data.tokenizer_file=null")
-        from ..hf_loading import load_tokenizer
+        from .loading import load_tokenizer
 
         self.pretrained_tokenizer = str(pretrained_tokenizer)
         what = f"data.pretrained_tokenizer={self.pretrained_tokenizer}"

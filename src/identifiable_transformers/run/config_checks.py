@@ -23,7 +23,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .cli import ConfigError, _raised_in
+from ..common.errors import ConfigError, _raised_in
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def check_config(cfg: DictConfig) -> None:
 
 def check_paths(cfg: DictConfig) -> None:
     """The cache folder must be a folder (or creatable as one): a file there ends in a raw OSError later."""
-    from .data.cache import nearest_existing
+    from ..data.cache import nearest_existing
 
     for key in ("paths.cache_dir", "data.cache_dir"):
         try:
@@ -260,7 +260,7 @@ def check_model(cfg: DictConfig) -> None:
 
 def check_data(cfg: DictConfig) -> None:
     """Build the project's data module once: its constructor checks values and reads no data."""
-    from .data import TextDataModule
+    from ..data import TextDataModule
 
     values = _resolved("data", cfg.data)
     target = _locate("data", str(values.pop("_target_")))
@@ -276,7 +276,7 @@ def check_data(cfg: DictConfig) -> None:
 
 def check_faithfulness(cfg: DictConfig) -> None:
     """The end-of-fit faithfulness stage runs after training: its settings are checked before training starts."""
-    from .diagnostics.callbacks.faithfulness import FaithfulnessCallback
+    from ..diagnostics.callbacks.faithfulness import FaithfulnessCallback
 
     for key, node in _target_nodes(cfg):
         values = _resolved(key, node)

@@ -1,6 +1,6 @@
 """A saved W&B workspace for the key-size study (docs/training.md, "W&B"):
 
-    python -m identifiable_transformers.wandb_workspace --entity ENTITY [--project identifiable-transformers]
+    python -m identifiable_transformers.tracking.workspace --entity ENTITY [--project identifiable-transformers]
 
 Needs a W&B login and a route to W&B (``--dry-run`` builds it and prints its sections without
 saving). Runs are grouped by ``design`` (the model config: baseline or identifiable) and plotted
@@ -14,7 +14,7 @@ import os
 import sys
 from urllib.parse import urlparse
 
-from .data.sources import host_reachable
+from ..data.sources import host_reachable
 
 PROJECT = "identifiable-transformers"
 

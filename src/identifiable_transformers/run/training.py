@@ -24,24 +24,24 @@ from lightning.pytorch.utilities.seed import isolate_rng
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
-from .checkpoint import CheckpointError, check_compatible, read_checkpoint
-from .cli import Interrupted
-from .config_checks import check_config
-from .data.cache import writable
-from .files import DiskFullError, atomic_write, free_space, is_disk_full
-from .history import MetricsHistory
-from .interrupts import Terminated, how_to_resume, received_sigterm, sigterm_stops_the_run, where_it_stopped
-from .quiet import ModelSummary, silence_known_noise
-from .run_checks import (
+from ..common.errors import Interrupted
+from ..common.files import DiskFullError, atomic_write, free_space, is_disk_full
+from ..common.interrupts import Terminated, how_to_resume, received_sigterm, sigterm_stops_the_run, where_it_stopped
+from ..common.quiet import ModelSummary, silence_known_noise
+from ..data.cache import writable
+from ..modules.checkpoint import CheckpointError, check_compatible, read_checkpoint
+from ..tracking.loggers import build_loggers, hydra_runtime, log_once, quiet_logging_errors
+from ..tracking.wandb_logging import log_run_end
+from .checks import (
     adopt_evaluation_settings,
     check_resume_batch_size,
     check_resume_settings,
     check_run_folder,
     refuse_other_architecture,
 )
-from .run_lock import unlock_run_folder
-from .run_loggers import build_loggers, hydra_runtime, log_once, quiet_logging_errors
-from .wandb_logging import log_run_end
+from .config_checks import check_config
+from .history import MetricsHistory
+from .lock import unlock_run_folder
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .cli import UserError
+from .errors import UserError
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 import io
 import os
@@ -37,7 +38,7 @@ import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 
-from .files import atomic_path, atomic_write, fsync, temporary
+from ..common.files import atomic_path, atomic_write, fsync, temporary
 
 SUFFIX = ".sha256"
 # What a full disk while saving a checkpoint asks of the user (training.py adds how to resume).
@@ -157,16 +158,18 @@ def check_compatible(ckpt: dict[str, Any], module: torch.nn.Module, path: str | 
 # ``identifiable_transformers.data_evil.X`` through.
 DATA_MODULE_TARGETS = ("identifiable_transformers.data.TextDataModule",
                        "identifiable_transformers.data.datamodule.TextDataModule")
-# model=pretrained's data module (the same data, the checkpoint's own tokenizer): also allowed, by its exact name.
-PRETRAINED_DATA_TARGET = "identifiable_transformers.data.pretrained.PretrainedTextDataModule"
+# model=pretrained's data module (the same data, the checkpoint's own tokenizer): also allowed, by its exact name,
+# and by the name it had before the hf/ package (checkpoints written then).
+PRETRAINED_DATA_TARGETS = ("identifiable_transformers.hf.data.PretrainedTextDataModule",
+                           "identifiable_transformers.data.pretrained.PretrainedTextDataModule")
 
 
 def _data_module_class(target: str):
-    if target == PRETRAINED_DATA_TARGET:
-        from .data.pretrained import PretrainedTextDataModule
-
-        return PretrainedTextDataModule
-    from .data import TextDataModule
+    if target in PRETRAINED_DATA_TARGETS:
+        # hf/ builds on this package (its module subclasses ClassifierModule): reached by name, not by an import
+        # that would run against the layers.
+        return importlib.import_module("identifiable_transformers.hf.data").PretrainedTextDataModule
+    from ..data import TextDataModule
 
     return TextDataModule
 
@@ -193,7 +196,7 @@ def data_module_kwargs(data_cfg: Any, what: str = "checkpoint", fix: str = "") -
                               f"settings.{fix}")
     values = dict(data_cfg)
     target = values.pop("_target_", DATA_MODULE_TARGETS[0])
-    if target not in (*DATA_MODULE_TARGETS, PRETRAINED_DATA_TARGET):
+    if target not in (*DATA_MODULE_TARGETS, *PRETRAINED_DATA_TARGETS):
         raise CheckpointError(f"{what}: its data_cfg names _target_={target!r}, not {DATA_MODULE_TARGETS[0]}: refused "
                               f"(a checkpoint's _target_ is never run).{fix}")
     allowed = set(inspect.signature(_data_module_class(target)).parameters)

@@ -110,3 +110,18 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, what: str = "", fix
     with atomic_path(path, what, fix) as tmp:
         tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
     return path
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path`` or its closest ancestor that exists (where a ``mkdir(parents=True)`` would start)."""
+    path = Path(os.path.abspath(os.path.expanduser(str(path))))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def writable(path: Path) -> bool:
+    """Whether a folder could be created or written at ``path`` by this process (a read-only mount, or
+    permissions, say no; root passes permission bits, as its writes would)."""
+    base = nearest_existing(path)
+    return base.is_dir() and os.access(base, os.W_OK | os.X_OK)

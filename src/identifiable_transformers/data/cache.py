@@ -10,6 +10,8 @@ from typing import Any
 
 import xxhash
 
+from ..common.files import nearest_existing, writable
+
 CACHE_VERSION = 2  # the cache's layout (2: content-hashed key, checksums in meta.json)
 # The modules whose code decides what lands in the cache: a change to any of them is a new cache entry.
 _PREPARATION_CODE = ("build.py", "cache.py", "datamodule.py", "prepare.py", "rationales.py", "registry.py",
@@ -63,21 +65,6 @@ def _cache_problem(root: Path) -> str | None:
         if _hash_file(f) != digest:
             return f"{rel} does not match its checksum"
     return None
-
-
-def nearest_existing(path: Path) -> Path:
-    """``path`` or its closest ancestor that exists (where a ``mkdir(parents=True)`` would start)."""
-    path = Path(os.path.abspath(os.path.expanduser(str(path))))
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
-def writable(path: Path) -> bool:
-    """Whether a folder could be created or written at ``path`` by this process (a read-only mount, or
-    permissions, say no; root passes permission bits, as its writes would)."""
-    base = nearest_existing(path)
-    return base.is_dir() and os.access(base, os.W_OK | os.X_OK)
 
 
 def check_buildable(entry: Path, cache_dir: Path, name: str, problem: str) -> None:

@@ -22,7 +22,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..common.errors import UserError
-from ..data.cache import nearest_existing, writable
+from ..common.files import nearest_existing, writable
 from .lock import lock_run_folder, unlock_run_folder
 
 

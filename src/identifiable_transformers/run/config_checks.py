@@ -59,7 +59,7 @@ def check_config(cfg: DictConfig) -> None:
 
 def check_paths(cfg: DictConfig) -> None:
     """The cache folder must be a folder (or creatable as one): a file there ends in a raw OSError later."""
-    from ..data.cache import nearest_existing
+    from ..common.files import nearest_existing
 
     for key in ("paths.cache_dir", "data.cache_dir"):
         try:

@@ -25,10 +25,9 @@ from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
 from ..common.errors import Interrupted
-from ..common.files import DiskFullError, atomic_write, free_space, is_disk_full
+from ..common.files import DiskFullError, atomic_write, free_space, is_disk_full, writable
 from ..common.interrupts import Terminated, how_to_resume, received_sigterm, sigterm_stops_the_run, where_it_stopped
 from ..common.quiet import ModelSummary, silence_known_noise
-from ..data.cache import writable
 from ..modules.checkpoint import CheckpointError, check_compatible, read_checkpoint
 from ..tracking.loggers import build_loggers, hydra_runtime, log_once, quiet_logging_errors
 from ..tracking.wandb_logging import log_run_end

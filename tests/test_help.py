@@ -23,6 +23,6 @@ def test_help_lists_every_group_option_sweep_preset_and_launcher():
         on_disk = {p.stem for p in (ROOT / "conf" / group).glob("*.yaml")}
         assert on_disk and on_disk <= options(group), (group, on_disk - options(group))
     presets = {p.stem for p in (ROOT / "multirun_sweeps" / "sweep").glob("*.yaml")}
-    assert presets and options("sweep") == presets
+    assert presets and options("sweep") == presets, "conf/hydra/default.yaml: the help template's sweep line must list multirun_sweeps/sweep/"
     launchers = {p.stem for p in (ROOT / "conf" / "hydra" / "launcher").glob("*.yaml")}
     assert launchers and launchers <= options("hydra/launcher")

@@ -2,7 +2,6 @@
 
 ``${packed_gpu:}`` and ``${packed_jobs:N}`` serve ``hydra/launcher=gpu_packed`` (docs/training.md): a sweep
 runs N jobs per GPU at once, and job k trains on GPU k mod G of the node's G GPUs (round-robin).
-``${sweep_presets:}`` lists the ``+sweep=NAME`` presets for ``python train.py --help``.
 """
 
 from __future__ import annotations
@@ -38,17 +37,8 @@ def packed_gpu(job_num=None) -> list[int]:
     return [int(job_num) % node_gpus()]
 
 
-def sweep_presets() -> str:
-    """The names of ``multirun_sweeps/sweep/*.yaml`` (``+sweep=NAME``), comma-separated, for ``--help``."""
-    from pathlib import Path
-
-    root = Path(os.environ.get("PROJECT_ROOT", Path(__file__).resolve().parents[3]))
-    names = sorted(p.stem for p in (root / "multirun_sweeps" / "sweep").glob("*.yaml"))
-    return ", ".join(names) if names else f"(none found in {root / 'multirun_sweeps' / 'sweep'})"
-
-
 def register() -> None:
-    for name, fn in (("packed_jobs", packed_jobs), ("packed_gpu", packed_gpu), ("sweep_presets", sweep_presets)):
+    for name, fn in (("packed_jobs", packed_jobs), ("packed_gpu", packed_gpu)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
 

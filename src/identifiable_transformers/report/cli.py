@@ -16,7 +16,8 @@ from pathlib import Path
 from ..common.errors import UserError, ensure_output_dir, user_error_message
 from ..common.files import atomic_write
 from .designs import write_design_comparison
-from .factorial import is_factorial, write_factorial
+from .factorial import is_factorial
+from .factorial_markdown import write_factorial
 from .faithfulness import faithfulness_table, seed_agreement
 from .key_aware import KEY_AWARE_LENGTHS, default_cache_dir, ensure_key_aware, key_aware_lengths, key_aware_table
 from .lengths import length_table

@@ -19,13 +19,11 @@ one-sided superiority test instead: the small-value (non-identifiable) arms minu
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from ..common.files import atomic_write
-from .designs import FINAL_SCALARS, _var_of_mean, equivalence_margins
+from .designs import FINAL_SCALARS, _var_of_mean
 from .faithfulness import _faith_column
 
 # The endpoints (issue 41): raw and effective attention, norm, and value zeroing and ALTI where a run logged them.
@@ -215,23 +213,3 @@ def tv_ceiling(runs: pd.DataFrame) -> bool:
     """Whether every run's adversarial TV is 1.000 (to three decimals): the search's ceiling, not a finding."""
     col = FINAL_SCALARS["adversarial_tv"]
     return col in runs and runs[col].notna().any() and bool((runs[col].dropna() >= CEILING).all())
-
-
-def write_factorial(runs: pd.DataFrame, out: Path) -> list[Path]:
-    """``factorial.md`` and ``factorial.csv`` (the contrasts; the range superiority tests go to
-    ``factorial_ranges.csv``) when the runs are a factorial; returns the files written."""
-    from .factorial_markdown import factorial_markdown
-
-    margins = equivalence_margins(runs)
-    table = factorial_table(runs, margins)
-    if table is None:
-        return []
-    ranges = range_superiority(runs)
-    written = [out / "factorial.md", out / "factorial.csv"]
-    atomic_write(out / "factorial.csv", table.to_csv(index=False))
-    if ranges is not None:
-        atomic_write(out / "factorial_ranges.csv", ranges.to_csv(index=False))
-        written.append(out / "factorial_ranges.csv")
-    md = factorial_markdown(table, ranges, per_key_outside(table), head_room(table, runs), tv_ceiling(runs), margins)
-    atomic_write(out / "factorial.md", md)
-    return written

@@ -1,13 +1,17 @@
-"""factorial.md: the factorial's contrasts (report/factorial.py) as tables, with the notes issue 41 asks for:
+"""factorial.md and .csv: the factorial's contrasts (report/factorial.py) as tables, with the notes issue 41 asks for:
 per-key-size results outside their margin where the pooled one is within, metrics without head-room for their
 margin, and the adversarial TV's ceiling."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
-from .factorial import CELLS
+from ..common.files import atomic_write
+from .designs import equivalence_margins
+from .factorial import CELLS, factorial_table, head_room, per_key_outside, range_superiority, tv_ceiling
 
 
 def _f(x: float) -> str:
@@ -79,3 +83,21 @@ def factorial_markdown(table: pd.DataFrame, ranges: pd.DataFrame | None, outside
                   f"{r['identifiable']:.4f} | {_f(r['difference'])} | {_f(r['ci95_one_sided_low'])} | "
                   f"{r['p_superiority']:.3g} | {r['runs']} |" for _, r in ranges.iterrows()]
     return "\n".join(lines) + "\n"
+
+
+def write_factorial(runs: pd.DataFrame, out: Path) -> list[Path]:
+    """``factorial.md`` and ``factorial.csv`` (the contrasts; the range superiority tests go to
+    ``factorial_ranges.csv``) when the runs are a factorial; returns the files written."""
+    margins = equivalence_margins(runs)
+    table = factorial_table(runs, margins)
+    if table is None:
+        return []
+    ranges = range_superiority(runs)
+    written = [out / "factorial.md", out / "factorial.csv"]
+    atomic_write(out / "factorial.csv", table.to_csv(index=False))
+    if ranges is not None:
+        atomic_write(out / "factorial_ranges.csv", ranges.to_csv(index=False))
+        written.append(out / "factorial_ranges.csv")
+    md = factorial_markdown(table, ranges, per_key_outside(table), head_room(table, runs), tv_ceiling(runs), margins)
+    atomic_write(out / "factorial.md", md)
+    return written

@@ -62,6 +62,7 @@ EXPECTED = {
     "yelp_polarity": ("hub", "fancyzhx/yelp_polarity", ["text"], "label", 2, (None, "test"), 256),
     "synthetic_majority": ("synthetic", None, ["text"], "label", None, (None, None), 32),
     "synthetic_contrast": ("synthetic", None, ["text"], "label", None, (None, None), 64),
+    "synthetic_contrast_pair": ("synthetic", None, ["text"], "label", None, (None, None), 64),
     "synthetic_order": ("synthetic", None, ["text"], "label", None, (None, None), 32),
     "synthetic_presence": ("synthetic", None, ["text"], "label", None, (None, None), 32),
 }
@@ -80,5 +81,6 @@ def test_composed_config_has_the_documented_values(name):
     # the synthetic tasks carry their rationales; no other dataset has one unless the user names its column
     assert cfg["rationale_field"] == ("rationale" if name.startswith("synthetic_") else None)
     if name.startswith("synthetic_"):
-        task = {"synthetic_contrast": "order"}.get(name, name.removeprefix("synthetic_"))  # order on longer inputs
+        task = {"synthetic_contrast": "order", "synthetic_contrast_pair": "pair"}.get(  # on longer inputs
+            name, name.removeprefix("synthetic_"))
         assert cfg["synthetic"]["task"] == task

@@ -16,6 +16,7 @@ from identifiable_transformers.data.rationales import encode_with_rationales
 from identifiable_transformers.data.synthetic import TASKS, SyntheticSpec, generate
 
 KW = re.compile(r"^k(\d+)[a-z]?$")
+ONE_FAMILY = ("presence", "order", "majority")  # a keyword's class is its label's; task=pair has its own tests below
 
 
 def _keywords(text: str) -> list[tuple[int, int]]:
@@ -24,7 +25,7 @@ def _keywords(text: str) -> list[tuple[int, int]]:
 
 
 def _spec(task: str, **kw) -> SyntheticSpec:
-    nk = {"presence": [1, 2], "order": [2, 3], "majority": [3, 5]}[task]
+    nk = {"presence": [1, 2], "order": [2, 3], "majority": [3, 5], "pair": [2, 2]}[task]
     return SyntheticSpec.from_config({"task": task, "size": 2000, "num_keywords": nk, **kw})
 
 
@@ -39,7 +40,7 @@ def test_tasks_with_the_same_seed_differ():
     assert not generate(_spec("presence")).text.equals(generate(_spec("order")).text)
 
 
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", ONE_FAMILY)
 def test_labels_follow_the_rule_and_rationales_are_the_evidence(task):
     spec = _spec(task, num_classes=5, keywords_per_class=3)
     df = generate(spec)
@@ -82,7 +83,7 @@ def test_order_puts_every_class_first_equally_often_given_the_set():
         assert 0.4 < share < 0.6, (pair, share)
 
 
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", ONE_FAMILY)
 def test_rationale_positions_point_at_the_keyword_tokens(task):
     spec = _spec(task, size=300, keywords_per_class=2)
     df = generate(spec)
@@ -155,7 +156,8 @@ def _conf(path: str) -> dict:
     return OmegaConf.to_container(OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / path))
 
 
-def test_contrast_lengths_lie_strictly_between_the_designs_identifiable_lengths(tmp_path):
+@pytest.mark.parametrize("name", ["synthetic_contrast", "synthetic_contrast_pair"])
+def test_contrast_lengths_lie_strictly_between_the_designs_identifiable_lengths(tmp_path, name):
     """Every example of data=synthetic_contrast, counted in tokens with <cls> after the real tokenizer, is longer
     than d_v + 1 of the default baseline (d/h = 16: its head maps have row-stochastic alternatives) and at most
     d_v + 1 of the default identifiable encoder (d_v = d = 64), and fits data.max_length untruncated."""
@@ -165,7 +167,7 @@ def test_contrast_lengths_lie_strictly_between_the_designs_identifiable_lengths(
     d, h = base["embed_dim"], base["num_heads"]
     assert _conf("model/identifiable.yaml")["value_dim"] is None  # d_v = embed_dim in the add design
     baseline_bound, identifiable_bound = d // h + 1, d + 1   # 17 and 65 tokens
-    dm = TextDataModule.from_name("synthetic_contrast", cache_dir=str(tmp_path))
+    dm = TextDataModule.from_name(name, cache_dir=str(tmp_path))
     dm.prepare_data()
     dm.setup("fit")
     dm.setup("test")
@@ -193,7 +195,7 @@ def test_contrast_rationales_are_the_first_keyword_and_seeded():
     assert (df["text"] != other["text"]).mean() > 0.99
 
 
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", ONE_FAMILY)
 def test_min_gap_keeps_consecutive_keywords_apart_and_uses_every_admissible_placement(task):
     # 3 keywords in 11 words at gaps >= 5: the only placement is 0, 5, 10; in 12 words there are 4 placements.
     tight = generate(_spec(task, size=200, min_length=11, max_length=11, min_gap=5, num_keywords=3))
@@ -221,6 +223,69 @@ def test_the_contrast_rows_are_those_the_committed_study_trained_on():
     df = generate(SyntheticSpec.from_config(_conf("data/synthetic_contrast.yaml")["synthetic"]))
     digest = hashlib.sha256(df.to_csv(index=False).encode()).hexdigest()
     assert digest == "d256513724230c1c16b26b6cb7a60af47b3c8ea21dc893480d24077f3abebb28"
+
+
+# ------------------------------------------------------------------ the pair task (data=synthetic_contrast_pair)
+
+@pytest.mark.parametrize("m, nk, per_class", [(2, [2, 2], 1), (2, [1, 2], 2), (3, [2, 3], 2)])
+def test_pair_labels_are_the_first_keyword_of_each_family(m, nk, per_class):
+    """Recomputed from the text: family A is the keywords k0..k{m-1}, B the keywords k{m}..k{2m-1}; the label is
+    m * a + b for the first A keyword's class a and the first B keyword's b - m; the rationale is those two."""
+    spec = SyntheticSpec.from_config({"task": "pair", "size": 1500, "num_classes": m * m, "num_keywords": nk,
+                                      "keywords_per_class": per_class})
+    df = generate(spec)
+    for text, label, rationale in zip(df["text"], df["label"], df["rationale"]):
+        kws = _keywords(text)
+        a = [(p, c) for p, c in kws if c < m]
+        b = [(p, c - m) for p, c in kws if m <= c < 2 * m]
+        assert len(a) + len(b) == len(kws)  # no other keyword
+        assert nk[0] <= len(a) <= nk[1] and nk[0] <= len(b) <= nk[1]
+        assert len({c for _, c in a}) == len(a) and len({c for _, c in b}) == len(b)  # distinct within a family
+        assert label == m * a[0][1] + b[0][1]
+        assert [int(x) for x in rationale.split()] == sorted([a[0][0], b[0][0]])  # two tokens
+    assert set(df["label"]) == set(range(m * m))
+    assert df.equals(generate(spec))
+
+
+def test_pair_with_every_class_present_leaves_a_bag_of_words_at_chance():
+    """num_keywords = m: every sentence holds each keyword once, so its bag of keywords is the same for every label,
+    and each label is about 1/4 of the rows: a bag of words (or uniform attention) cannot beat chance."""
+    df = generate(SyntheticSpec.from_config(_conf("data/synthetic_contrast_pair.yaml")["synthetic"]))
+    assert {tuple(sorted(c for _, c in _keywords(t))) for t in df["text"]} == {(0, 1, 2, 3)}
+    share = np.bincount(df["label"], minlength=4) / len(df)
+    assert np.all(np.abs(share - 0.25) < 0.02), share
+    # and the first keyword alone does not decide it: given it, the other family's first class is a coin flip
+    first = np.array([_keywords(t)[0][1] for t in df["text"]])
+    for c in range(4):
+        other = df["label"][first == c] % 2 if c < 2 else df["label"][first == c] // 2
+        assert 0.45 < other.mean() < 0.55
+
+
+def test_the_pair_rows_are_pinned():
+    """The factorial's second task: its rows must stay what its runs trained on (hash of today's rows)."""
+    import hashlib
+
+    df = generate(SyntheticSpec.from_config(_conf("data/synthetic_contrast_pair.yaml")["synthetic"]))
+    digest = hashlib.sha256(df.to_csv(index=False).encode()).hexdigest()
+    assert digest == "cc25675eb472833a838723fbe493ec85c2f45611d8df3a15c25acfb3e65019d4"
+
+
+def test_pair_counts_both_families_words():
+    spec = SyntheticSpec.from_config({"task": "pair", "num_classes": 9, "vocab": 30, "keywords_per_class": 2})
+    assert spec.words() == 30 + 2 * 3 * 2  # 6 keyword classes (two families of 3), 2 variants each
+    assert SyntheticSpec.from_config({"task": "pair", "vocab": 30, "num_keywords": 2}).words() == 34
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"num_classes": 5}, r"task=pair needs num_classes = m \* m with m >= 2 .* got num_classes=5"),
+    ({"num_classes": 1}, r"num_classes=1 must be >= 2"),
+    ({"num_keywords": [1, 3]}, r"task=pair needs num_keywords <= 2 per family"),
+    ({"num_keywords": [2, 2], "min_length": 3, "max_length": 8}, r"need 4 words: pass data\.synthetic\.min_length>=4"),
+    ({"num_keywords": [2, 2], "min_length": 8, "min_gap": 3}, r"need 10 words: pass data\.synthetic\.min_length>=10"),
+])
+def test_bad_pair_settings_are_refused(bad, match):
+    with pytest.raises(ValueError, match=match):
+        SyntheticSpec.from_config({"task": "pair", **bad})
 
 
 # ------------------------------------------------------------------ settings that are refused, with the fix

@@ -19,7 +19,7 @@ KW = re.compile(r"^k(\d+)([a-z]?)$")
 
 @pytest.mark.parametrize("task", TASKS)
 def test_sentence_lengths_are_uniform_on_min_to_max_inclusive(task):
-    nk = {"presence": [1, 2], "order": [2, 3], "majority": [3, 4]}[task]
+    nk = {"presence": [1, 2], "order": [2, 3], "majority": [3, 4], "pair": [1, 2]}[task]
     cfg = {"task": task, "size": 3000, "min_length": 5, "max_length": 10, "num_keywords": nk}
     spec = SyntheticSpec.from_config(cfg)
     lengths = Counter(len(t.split()) for t in generate(spec)["text"])

@@ -13,6 +13,11 @@ tokenizer. The rationale is the list of 0-based word positions of the keywords t
 * ``majority``: ``n`` keywords (classes drawn uniformly, redrawn until one class has strictly the most);
   the label is that class. The rationale is every keyword of that class (at least two tokens), which the
   model must count against the others. A bag of word *counts* can solve it; word presence alone cannot.
+* ``pair``: two keyword families, A (``k0 .. k{m-1}``) and B (``k{m} .. k{2m-1}``), ``num_classes`` = m * m;
+  ``n_A`` and ``n_B`` keywords (each drawn in ``num_keywords``, distinct classes within a family), interleaved at
+  random. The label is ``m * a + b`` for the class ``a`` of the first A keyword and ``b`` of the first B keyword,
+  so it needs both; the rationale is those two keywords (two tokens). With ``num_keywords`` = m every class of
+  both families is present and only their order decides: a bag of words is at chance.
 
 ``min_gap`` places consecutive keywords at least that many words apart (``long_range``: further apart than the
 designs' identifiable lengths). The rows come out as a frame with ``text``, ``label`` (class id) and
@@ -22,6 +27,7 @@ normalisation, splitting, tokenizing and caching as a local file with a rational
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -29,7 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-TASKS = ("presence", "order", "majority")
+TASKS = ("presence", "order", "majority", "pair")  # appended: a task's index seeds its rows
 
 
 @dataclass(frozen=True)
@@ -104,10 +110,28 @@ class SyntheticSpec:
         if need > self.min_length:
             raise bad(f"min_gap={self.min_gap} cannot fit {hi} keywords into min_length={self.min_length} words (they "
                       f"need {need}): pass data.synthetic.min_length>={need} or a smaller data.synthetic.min_gap.")
+        if self.task == "pair":
+            self._check_pair()
+
+    def _check_pair(self) -> None:
+        """task=pair: num_classes = m * m (m >= 2 classes per family), 1 <= num_keywords <= m per family, and the
+        2 * hi keywords of both families fit min_length with their gaps."""
+        m, hi = _pair_m(self.num_classes), self.num_keywords[1]
+        if m * m != self.num_classes or m < 2:
+            raise ValueError(f"synthetic: task=pair needs num_classes = m * m with m >= 2 (4, 9, ...; the label is "
+                             f"the pair of the two families' first classes); got num_classes={self.num_classes}.")
+        if hi > m:
+            raise ValueError(f"synthetic: task=pair needs num_keywords <= {m} per family (distinct classes within a "
+                             f"family); got {list(self.num_keywords)}.")
+        need = 2 * hi + (2 * hi - 1) * (self.min_gap - 1)
+        if need > self.min_length:
+            raise ValueError(f"synthetic: task=pair places up to {2 * hi} keywords (num_keywords per family, two "
+                             f"families), which need {need} words: pass data.synthetic.min_length>={need}.")
 
     def words(self) -> int:
         """The generator's distinct words: its filler words and every class keyword."""
-        return self.vocab + self.num_classes * self.keywords_per_class
+        kinds = 2 * _pair_m(self.num_classes) if self.task == "pair" else self.num_classes  # pair: two families of m
+        return self.vocab + kinds * self.keywords_per_class
 
     def check_vocabulary(self, vocab_size: int) -> None:
         """Refuse a tokenizer cap (``data.vocab_size``, special tokens included) below the task's words: the
@@ -130,6 +154,11 @@ class SyntheticSpec:
         return d
 
 
+def _pair_m(num_classes: int) -> int:
+    """task=pair: the classes per family, m = sqrt(num_classes) rounded down."""
+    return math.isqrt(num_classes) if num_classes > 0 else 0
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
@@ -149,6 +178,13 @@ def _keyword_classes(spec: SyntheticSpec, rng: np.random.Generator) -> tuple[lis
     if spec.task == "order":
         classes = rng.choice(c, size=n, replace=False).tolist()  # uniform over ordered distinct tuples
         return classes, classes[0]
+    if spec.task == "pair":  # n A keywords (classes 0..m-1) and n_b B keywords (m..2m-1), interleaved at random
+        m = _pair_m(c)
+        n_b = int(rng.integers(spec.num_keywords[0], spec.num_keywords[1] + 1))
+        family = np.concatenate([rng.choice(m, size=n, replace=False), m + rng.choice(m, size=n_b, replace=False)])
+        classes = rng.permutation(family).tolist()
+        a, b = next(x for x in classes if x < m), next(x for x in classes if x >= m)
+        return classes, m * a + (b - m)
     while True:  # majority: redraw until one class has strictly the most keywords
         classes = rng.integers(c, size=n).tolist()
         counts = np.bincount(classes, minlength=c)
@@ -174,6 +210,11 @@ def generate(spec: SyntheticSpec) -> pd.DataFrame:
             words[pos] = keyword(c, int(rng.integers(spec.keywords_per_class)), spec.keywords_per_class)
         if spec.task == "order":
             evidence = [int(slots[0])]
+        elif spec.task == "pair":  # the first keyword of each family
+            m = _pair_m(spec.num_classes)
+            evidence = [int(next(p for p, c in zip(slots, classes) if c < m)),
+                        int(next(p for p, c in zip(slots, classes) if c >= m))]
+            evidence.sort()
         else:  # presence, majority: every keyword of the label's class
             evidence = [int(p) for p, c in zip(slots, classes) if c == y]
         texts.append(" ".join(words))

@@ -16,6 +16,10 @@ with the key-aware identifiable length per configuration (``key_aware_length.csv
 ``key_aware_vs_length.png``; the counts of each best checkpoint go to ``<run>/identifiability/key_aware.json``
 when missing or counted at other lengths (``--no-key-aware``: use only the files already there).
 
+When the runs are a 2x2 factorial of ``head_combine`` x value size (multirun_sweeps/sweep/factorial.yaml),
+``factorial.md``/``.csv`` replace ``faithfulness_designs.md``: the value-size (identifiability) and head-combination
+main effects, their interaction, TOST at the preset's margins and the ranges' superiority test (:mod:`.factorial`).
+
 A checkpoint is someone else's file: the runs' data is rebuilt from the data settings it holds as
 plain ``TextDataModule`` arguments (:func:`identifiable_transformers.modules.checkpoint.data_module_from_checkpoint`),
 never by instantiating its ``_target_``; a refused checkpoint skips that run's key-aware count with a

@@ -16,6 +16,8 @@ from pathlib import Path
 from ..common.errors import UserError, ensure_output_dir, user_error_message
 from ..common.files import atomic_write
 from .designs import write_design_comparison
+from .factorial import is_factorial
+from .factorial_markdown import write_factorial
 from .faithfulness import faithfulness_table, seed_agreement
 from .key_aware import KEY_AWARE_LENGTHS, default_cache_dir, ensure_key_aware, key_aware_lengths, key_aware_table
 from .lengths import length_table
@@ -88,14 +90,18 @@ def _report(args: argparse.Namespace) -> None:
     if faith is not None:
         atomic_write(out / "faithfulness.csv", faith.to_csv(index=False))
         atomic_write(out / "faithfulness.md", markdown_table(faith, GROUP + ["explainer"]))
-        written += write_design_comparison(runs, out)  # pooled over key sizes, and per key size where both ran
+        if is_factorial(runs):  # head_combine alone no longer names the design: the factorial's contrasts instead
+            written += write_factorial(runs, out)
+        else:
+            written += write_design_comparison(runs, out)  # pooled over key sizes, and per key size where both ran
         agreement, notes = seed_agreement(runs[usable(runs, "explanations.json")])
         written += [out / "faithfulness.md", out / "faithfulness.csv"]
         if agreement is not None:
             atomic_write(out / "seed_agreement.csv", agreement.to_csv(index=False))
             atomic_write(out / "seed_agreement.md", markdown_table(agreement, GROUP + ["explainer"]))
             written += [out / "seed_agreement.md", out / "seed_agreement.csv"]
-        if out / "faithfulness_designs.md" not in written and set(runs["head_combine"]) >= {"add", "concat"}:
+        if out / "faithfulness_designs.md" not in written and set(runs["head_combine"]) >= {"add", "concat"} \
+                and not is_factorial(runs):
             notes.append("no faithfulness_designs.md: no dataset and key size has two runs of each design "
                          "(identifiable and baseline)")
     lengths_table = length_table(runs)

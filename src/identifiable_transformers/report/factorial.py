@@ -1,0 +1,215 @@
+"""The 2x2 factorial {head_combine: concat, add} x {value size: small, large} (multirun_sweeps/sweep/factorial.yaml):
+does identifiability (the value size) rather than the head combination change an explanation's faithfulness?
+
+Per data set, key size (and every key size pooled: key_dim ``all``, each run one sample), explainer and metric,
+from the four cells' means m[c, v] over seeds (c = concat/add, v = small/large value size):
+
+* ``value_size`` (identifiability's main effect): ((m[concat, L] - m[concat, S]) + (m[add, L] - m[add, S])) / 2;
+* ``head_combine`` (the other main effect):       ((m[add, S] - m[concat, S]) + (m[add, L] - m[concat, L])) / 2;
+* ``interaction``: (m[add, L] - m[add, S]) - (m[concat, L] - m[concat, S]).
+
+Each is a linear contrast sum_k w_k m_k of four independent cell means, so its standard error is
+sqrt(sum_k w_k^2 s_k^2 / n_k) and its degrees of freedom Welch-Satterthwaite's (the two-cell contrast with
+weights (1, -1) is exactly Welch's test, designs.welch): the ANOVA contrasts without the equal-variance
+assumption. Reported: the estimate, its 95% CI and two-sided p; with the preset's margins, the TOST of "the
+contrast lies within +-margin" (90% CI inside). The equivalence-range spreads (``val/ident/range_*``) get a
+one-sided superiority test instead: the small-value (non-identifiable) arms minus the large-value arms > 0.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from .designs import FINAL_SCALARS, _var_of_mean
+from .faithfulness import _faith_column
+
+# The endpoints (issue 41): raw and effective attention, norm, and value zeroing and ALTI where a run logged them.
+ENDPOINTS = ("attention", "effective", "norm", "value_zeroing", "alti")
+METRICS = ("comprehensiveness", "sufficiency", "tau_loo", "rationale_auprc", "rationale_f1")
+RUN_SCALARS = ("test_acc", "uniform_acc_gap", "identifiable_frac")
+CONTRASTS = {  # weights on the cells (concat S, concat L, add S, add L)
+    "value_size": (-0.5, 0.5, -0.5, 0.5),
+    "head_combine": (-0.5, -0.5, 0.5, 0.5),
+    "interaction": (1.0, -1.0, -1.0, 1.0),
+}
+CELLS = (("concat", "S"), ("concat", "L"), ("add", "S"), ("add", "L"))
+# Metrics bounded above by 1 (higher is better), for the head-room flag; sufficiency (lower is better) is bounded
+# by the lowest mean any explainer reached on that data (its empirical best, as in issue 41).
+UPPER_BOUND = {"comprehensiveness": 1.0, "rationale_auprc": 1.0, "rationale_f1": 1.0, "tau_loo": 1.0,
+               "test_acc": 1.0, "adversarial_tv": 1.0}
+# A range metric's name: ident/range_*, also inside a length bin (ident/len_le_B/range_*), or faith/.../range_*.
+RANGE = re.compile(r"^(ident|faith)/(.*/)?range_")
+PAIRS = (("_low", "_high"), ("_min", "_max"), ("_worst", "_best"))
+CEILING = 0.9995  # adversarial TV at 1.000 to three decimals
+
+
+def contrast(samples: list[np.ndarray], weights: tuple[float, ...]) -> tuple[float, float, float]:
+    """sum_k w_k mean(x_k), its standard error and Welch-Satterthwaite degrees of freedom (inf without spread)."""
+    terms = [w * w * _var_of_mean(np.asarray(x, float)) for x, w in zip(samples, weights)]
+    est = float(sum(w * np.mean(x) for x, w in zip(samples, weights)))
+    var = sum(terms)
+    if var == 0:
+        return est, 0.0, float("inf")
+    dof = var**2 / sum(t * t / (len(x) - 1) for t, x in zip(terms, samples) if t > 0)
+    return est, float(np.sqrt(var)), float(dof)
+
+
+def _tests(est: float, se: float, dof: float, margin: float) -> dict:
+    from scipy import stats
+
+    if se == 0:  # no spread: the contrast is known exactly
+        row = {"ci95_low": est, "ci95_high": est, "p": 1.0 if abs(est) <= 1e-12 else 0.0}
+        if np.isfinite(margin):
+            row.update(ci90_low=est, ci90_high=est, tost_p=0.0 if abs(est) < margin else 1.0)
+        return row
+    t95, t90 = float(stats.t.ppf(0.975, dof)), float(stats.t.ppf(0.95, dof))
+    row = {"ci95_low": est - t95 * se, "ci95_high": est + t95 * se, "p": float(2 * stats.t.sf(abs(est) / se, dof))}
+    if np.isfinite(margin):  # TOST: two one-sided t-tests, equivalent at 5% <=> the 90% CI inside +-margin
+        p = max(float(stats.t.sf((est + margin) / se, dof)), float(stats.t.cdf((est - margin) / se, dof)))
+        row.update(ci90_low=est - t90 * se, ci90_high=est + t90 * se, tost_p=p)
+    return row
+
+
+def _levels(runs: pd.DataFrame) -> pd.Series:
+    """Each run's value size: ``S`` (the smaller of the two value_dim levels: non-identifiable) or ``L``."""
+    small = runs.groupby("data")["value_dim"].transform("min")
+    return np.where(runs["value_dim"] == small, "S", "L")
+
+
+def is_factorial(runs: pd.DataFrame) -> bool:
+    """Whether some data set ran all four cells: both head combinations at each of two value sizes."""
+    if not {"head_combine", "value_dim", "data"} <= set(runs.columns):
+        return False
+    for _, g in runs.groupby("data"):
+        if g["value_dim"].nunique() == 2 and len(set(zip(g["head_combine"], g["value_dim"]))) == 4 \
+                and set(g["head_combine"]) == {"add", "concat"}:
+            return True
+    return False
+
+
+def _columns(runs: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(explainer, metric, column) of every endpoint the runs logged; explainer ``-`` for per-run scalars."""
+    cols = [(e, m, c) for e in ENDPOINTS for m in METRICS if (c := _faith_column(runs, e, m)) is not None]
+    cols += [("-", m, m) for m in RUN_SCALARS if m in runs and runs[m].notna().any()]
+    return cols + [("-", m, c) for m, c in FINAL_SCALARS.items() if c in runs and runs[c].notna().any()]
+
+
+def range_columns(runs: pd.DataFrame) -> pd.DataFrame:
+    """The equivalence-range spreads, one column each: every ``*range_*`` metric, except that a ``_low``/``_high``
+    (``_min``/``_max``, ``_worst``/``_best``) pair becomes one spread ``<name>_spread`` = |high - low|."""
+    names = [c for c in runs.columns if RANGE.match(c)]
+    out, used = {}, set()
+    for c in names:
+        for lo, hi in PAIRS:
+            if c.endswith(lo) and (other := c[: -len(lo)] + hi) in names:
+                out[c[: -len(lo)] + "_spread"] = (runs[other] - runs[c]).abs()
+                used |= {c, other}
+    out.update({c: runs[c] for c in names if c not in used})
+    return pd.DataFrame(out, index=runs.index)
+
+
+def _groups(runs: pd.DataFrame):
+    for data, g in runs.groupby("data"):
+        yield (data, "all"), g
+        for k, gk in g.groupby("key_dim"):
+            if g["key_dim"].nunique() > 1:
+                yield (data, k), gk
+
+
+def factorial_table(runs: pd.DataFrame, margins: dict[str, float] | None = None) -> pd.DataFrame | None:
+    """One row per data, key size (``all`` first), explainer, metric and contrast: the four cells' means, the
+    estimate, 95% CI and p; with ``margins`` the TOST (``margin``, ``ci90_low``/``high``, ``tost_p``). Cells need at
+    least two runs each. ``None`` unless the runs are a factorial (:func:`is_factorial`)."""
+    if not is_factorial(runs):
+        return None
+    runs = runs.assign(_v=_levels(runs))
+    margins = margins or {}
+    rows = []
+    for (data, key_dim), g in _groups(runs):
+        cells = [g[(g["head_combine"] == c) & (g["_v"] == v)] for c, v in CELLS]
+        for e, m, col in _columns(runs):
+            x = [cell[col].dropna().to_numpy(float) for cell in cells]
+            if min(map(len, x)) < 2:
+                continue
+            means = {f"{c}_{v}": float(np.mean(xi)) for (c, v), xi in zip(CELLS, x)}
+            for name, w in CONTRASTS.items():
+                est, se, dof = contrast(x, w)
+                margin = margins.get(m, np.nan)
+                rows.append({"data": data, "key_dim": key_dim, "explainer": e, "metric": m, "contrast": name,
+                             **means, "estimate": est, "se": se, "dof": dof, "margin": margin,
+                             **_tests(est, se, dof, margin), "runs": "/".join(str(len(xi)) for xi in x)})
+    return pd.DataFrame(rows) if rows else None
+
+
+def range_superiority(runs: pd.DataFrame) -> pd.DataFrame | None:
+    """Per data, key size and range spread: small-value (non-identifiable) arms minus large-value arms, averaged
+    over the head combinations (minus the value_size contrast), its one-sided 95% lower bound and the one-sided p
+    of "the non-identifiable arms' spreads are larger". ``None`` without range metrics or a factorial."""
+    from scipy import stats
+
+    spreads = range_columns(runs)
+    if spreads.empty or not is_factorial(runs):
+        return None
+    runs = pd.concat([runs.assign(_v=_levels(runs)), spreads.add_prefix("_r:")], axis=1)
+    w = tuple(-x for x in CONTRASTS["value_size"])
+    rows = []
+    for (data, key_dim), g in _groups(runs):
+        cells = [g[(g["head_combine"] == c) & (g["_v"] == v)] for c, v in CELLS]
+        for name in spreads.columns:
+            x = [cell["_r:" + name].dropna().to_numpy(float) for cell in cells]
+            if min(map(len, x)) < 2:
+                continue
+            est, se, dof = contrast(x, w)
+            if se == 0:
+                low, p = est, (0.0 if est > 0 else 1.0)
+            else:
+                low, p = est - float(stats.t.ppf(0.95, dof)) * se, float(stats.t.sf(est / se, dof))
+            rows.append({"data": data, "key_dim": key_dim, "range": name,
+                         "non_identifiable": (np.mean(x[0]) + np.mean(x[2])) / 2,
+                         "identifiable": (np.mean(x[1]) + np.mean(x[3])) / 2, "difference": est,
+                         "ci95_one_sided_low": low, "p_superiority": p,
+                         "runs": "/".join(str(len(xi)) for xi in x)})
+    return pd.DataFrame(rows) if rows else None
+
+
+def per_key_outside(table: pd.DataFrame) -> pd.DataFrame:
+    """Per-key-size TOST rows whose 90% CI leaves +-margin where the pooled contrast's lies inside it."""
+    t = table[np.isfinite(table["margin"])] if "margin" in table else table.iloc[:0]
+    if t.empty or "tost_p" not in t:
+        return t
+    keys = ["data", "explainer", "metric", "contrast"]
+    pooled = t[t["key_dim"] == "all"].set_index(keys)["tost_p"]
+    per = t[t["key_dim"] != "all"]
+    pooled_ok = per.set_index(keys).index.map(lambda k: pooled.get(k, np.nan) < 0.05)
+    return per[np.asarray(pooled_ok, bool) & (per["tost_p"].to_numpy() >= 0.05)]
+
+
+def head_room(table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Per data, explainer and metric with a margin (pooled key sizes): the best arm's mean and its distance to the
+    metric's bound (1 for the UPPER_BOUND metrics; sufficiency: the lowest mean any explainer reached on that
+    data), flagged where that head-room is smaller than the margin."""
+    t = table[(table["key_dim"] == "all") & (table["contrast"] == "value_size") & np.isfinite(table["margin"])]
+    cells = [f"{c}_{v}" for c, v in CELLS]
+    rows = []
+    for _, r in t.iterrows():
+        means = r[cells].to_numpy(float)
+        if r["metric"] in UPPER_BOUND:
+            best, room = means.max(), UPPER_BOUND[r["metric"]] - means.max()
+        elif r["metric"] == "sufficiency":
+            floor = min(runs.loc[runs["data"] == r["data"], c].mean() for c in runs.columns
+                        if c.startswith("faith/") and c.endswith("/sufficiency") and c.count("/") == 2)
+            best, room = means.min(), means.min() - floor
+        else:
+            continue
+        rows.append({"data": r["data"], "explainer": r["explainer"], "metric": r["metric"], "best_arm": best,
+                     "head_room": room, "margin": r["margin"], "flag": bool(room < r["margin"])})
+    return pd.DataFrame(rows, columns=["data", "explainer", "metric", "best_arm", "head_room", "margin", "flag"])
+
+
+def tv_ceiling(runs: pd.DataFrame) -> bool:
+    """Whether every run's adversarial TV is 1.000 (to three decimals): the search's ceiling, not a finding."""
+    col = FINAL_SCALARS["adversarial_tv"]
+    return col in runs and runs[col].notna().any() and bool((runs[col].dropna() >= CEILING).all())

@@ -1,0 +1,134 @@
+"""Equivalence-class ranges: how far an attention row can move while the head's output does not
+(docs/identifiability.md section 2.8).
+
+For one attention row a (n,) of a head with value-output matrix T (n, d) (T = V W_o^h on the real tokens,
+section 2), the rows that give the same output and are still distributions form the polytope
+
+    P(a) = {a' : a' >= 0, sum(a') = 1, a' T = a T}.
+
+For token weights w (n,) the least and greatest ``w . a'`` over P(a) are two linear programs, solved with
+SciPy's HiGHS. The equality system a' [T, 1] = a [T, 1] is first reduced to an orthonormal basis Q (n, r) of
+the column space of [T, 1], r = rank([T, 1]) with the tolerance ``stochastic_null_dim`` uses, so each LP has
+r equality rows (Q^T a' = Q^T a); a itself satisfies them exactly, so P(a) is never empty.
+
+Tolerance: directions whose singular value of [T, c 1] is below ``tol = sigma_max * max(n, d + 1) * eps`` count
+as null, so an optimum a* keeps |(a* - a) T| <= tol * ||a* - a|| <= sqrt(2) tol per output coordinate (plus
+HiGHS' primal feasibility tolerance, 1e-7, on Q^T a* and a* >= 0). The bounds are then widened to contain
+w . a (a is feasible, so low <= w . a <= high holds exactly; the LP may miss it by that tolerance).
+
+Shortcuts that skip the LPs exactly: when r = n the row is identifiable (P(a) = {a}); when w is constant on
+P(a) (its part in the null space of [T, 1]^T is below ``tol`` of its norm) the range is the point w . a.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy.optimize import linprog
+from torch import Tensor
+
+from .nullspace import _EPS, _with_ones_column
+
+__all__ = ["equivalence_range", "equivalence_ranges", "equality_basis"]
+
+# HiGHS' default primal feasibility tolerance: how far an LP optimum may break Q^T a' = Q^T a and a' >= 0.
+LP_FEASIBILITY_TOL = 1e-7
+
+
+def equality_basis(T) -> tuple[np.ndarray, float]:
+    """Orthonormal basis Q (n, r) of the column space of [T, c 1] (c = sigma_max(T) / sqrt(n), as
+    ``stochastic_null_dim``), and the tolerance below which a singular value counts as zero."""
+    T = torch.as_tensor(T, dtype=torch.float64)
+    smax = torch.linalg.svdvals(T)[0] if T.numel() else torch.zeros((), dtype=torch.float64)
+    M = _with_ones_column(T, smax)  # (n, d + 1)
+    U, s, _ = torch.linalg.svd(M, full_matrices=False)
+    tol = float(s[0]) * max(M.shape) * _EPS
+    r = int((s > tol).sum())
+    return U[:, :r].numpy(), tol
+
+
+def _solve(c: np.ndarray, Q: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin c . x over {x >= 0, Q^T x = b} (HiGHS)."""
+    res = linprog(c, A_eq=Q.T, b_eq=b, bounds=(0, None), method="highs")
+    if res.status != 0:  # never expected: a is feasible and the set is bounded (a simplex face)
+        raise RuntimeError(f"equivalence LP failed: {res.message}")
+    return res.x
+
+
+def _row_ranges(T, a: np.ndarray, W: np.ndarray, vertices: bool) -> tuple[np.ndarray, np.ndarray, list, int]:
+    """low, high (k,) of the k rows of W over P(a), with ``vertices`` the (argmin, argmax) rows per w, and
+    P(a)'s dimension n - rank([T, 1])."""
+    n = a.shape[0]
+    values = W @ a
+    low, high = values.copy(), values.copy()
+    if vertices:
+        verts = [(a.copy(), a.copy()) for _ in range(W.shape[0])]
+    else:
+        verts = []
+    Q, tol = equality_basis(T)
+    free_dim = n - Q.shape[1]
+    if free_dim == 0:  # identifiable: P(a) = {a}
+        return low, high, verts, free_dim
+    b = Q.T @ a
+    free = W - (W @ Q) @ Q.T  # the part of each w that can change along P(a)'s directions
+    norms = np.linalg.norm(W, axis=1)
+    for i in range(W.shape[0]):
+        if np.linalg.norm(free[i]) <= tol * max(norms[i], 1.0):
+            continue  # w . a' is the same for every a' in P(a)
+        x_lo, x_hi = _solve(W[i], Q, b), _solve(-W[i], Q, b)
+        low[i], high[i] = min(W[i] @ x_lo, values[i]), max(W[i] @ x_hi, values[i])
+        if vertices:
+            verts[i] = (x_lo, x_hi)
+    return low, high, verts, free_dim
+
+
+def _check_row(T: Tensor, a: Tensor) -> None:
+    if T.dim() != 2 or a.dim() != 1 or T.shape[0] != a.shape[0]:
+        raise ValueError(f"T must be (n, d) and a (n,) with the same n; got {tuple(T.shape)} and {tuple(a.shape)}")
+    if bool((a < -1e-9).any()) or abs(float(a.sum()) - 1.0) > 1e-6:
+        raise ValueError("a must be a distribution over the real tokens (a >= 0, sum 1 within 1e-6); "
+                         f"got min {float(a.min()):.3g}, sum {float(a.sum()):.9g}: pass the unpadded row")
+
+
+def equivalence_range(T, a, w) -> tuple[float, float]:
+    """The least and greatest ``w . a'`` over {a' >= 0, sum a' = 1, a' T = a T}.
+
+    T (n, d): the head's value-output matrix on the real tokens; a (n,): one attention row of that head
+    (unpadded: n = the real length); w (n,): token weights (e.g. a one-hot token, a rationale indicator, or
+    reference scores). Tensors or arrays; computed in float64. An identifiable row gives (w . a, w . a).
+    """
+    T, a, w = (torch.as_tensor(x, dtype=torch.float64).cpu() for x in (T, a, w))
+    _check_row(T, a)
+    if w.shape != a.shape:
+        raise ValueError(f"w must be (n,) = {tuple(a.shape)}, got {tuple(w.shape)}")
+    low, high, _, _ = _row_ranges(T, a.numpy(), w.numpy()[None, :], vertices=False)
+    return float(low[0]), float(high[0])
+
+
+def equivalence_ranges(T, a, W, *, vertices: bool = False) -> dict[str, object]:
+    """``equivalence_range`` for R rows of one length at once: T (R, n, d), a (R, n), W (R, k, n).
+
+    Returns {"low": (R, k), "high": (R, k), "free_dim": (R,) n - rank([T, 1])} float64 tensors and, with
+    ``vertices``, "argmin" and "argmax" (R, k, n): an optimal row a' of each LP (a itself where the range is
+    a point). Each row's LPs are small (n variables, rank([T, 1]) equality rows), so they run one after
+    another; identifiable rows and objectives constant on the class cost no LP.
+    """
+    T, a, W = (torch.as_tensor(x, dtype=torch.float64).cpu() for x in (T, a, W))
+    if T.dim() != 3 or a.dim() != 2 or W.dim() != 3 or W.shape[::2] != a.shape or T.shape[:2] != a.shape:
+        raise ValueError(f"need T (R, n, d), a (R, n), W (R, k, n); got {tuple(T.shape)}, {tuple(a.shape)}, "
+                         f"{tuple(W.shape)}")
+    R, k, n = W.shape
+    out: dict[str, object] = {"low": torch.empty(R, k, dtype=torch.float64),
+                              "high": torch.empty(R, k, dtype=torch.float64),
+                              "free_dim": torch.empty(R, dtype=torch.long)}
+    if vertices:
+        out["argmin"] = torch.empty(R, k, n, dtype=torch.float64)
+        out["argmax"] = torch.empty(R, k, n, dtype=torch.float64)
+    for r in range(R):
+        _check_row(T[r], a[r])
+        low, high, verts, out["free_dim"][r] = _row_ranges(T[r], a[r].numpy(), W[r].numpy(), vertices)
+        out["low"][r], out["high"][r] = torch.from_numpy(low), torch.from_numpy(high)
+        if vertices:
+            out["argmin"][r] = torch.from_numpy(np.stack([v[0] for v in verts]))
+            out["argmax"][r] = torch.from_numpy(np.stack([v[1] for v in verts]))
+    return out

@@ -38,7 +38,7 @@ LP_FEASIBILITY_TOL = 1e-7
 def equality_basis(T) -> tuple[np.ndarray, float]:
     """Orthonormal basis Q (n, r) of the column space of [T, c 1] (c = sigma_max(T) / sqrt(n), as
     ``stochastic_null_dim``), and the tolerance below which a singular value counts as zero."""
-    T = torch.as_tensor(T, dtype=torch.float64)
+    T = torch.as_tensor(T, dtype=torch.float64).detach().cpu()
     smax = torch.linalg.svdvals(T)[0] if T.numel() else torch.zeros((), dtype=torch.float64)
     M = _with_ones_column(T, smax)  # (n, d + 1)
     U, s, _ = torch.linalg.svd(M, full_matrices=False)
@@ -72,10 +72,14 @@ def _row_ranges(T, a: np.ndarray, W: np.ndarray, vertices: bool) -> tuple[np.nda
     b = Q.T @ a
     free = W - (W @ Q) @ Q.T  # the part of each w that can change along P(a)'s directions
     norms = np.linalg.norm(W, axis=1)
+    solved: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}  # the same w twice (e.g. one top token) is solved once
     for i in range(W.shape[0]):
         if np.linalg.norm(free[i]) <= tol * max(norms[i], 1.0):
             continue  # w . a' is the same for every a' in P(a)
-        x_lo, x_hi = _solve(W[i], Q, b), _solve(-W[i], Q, b)
+        key = W[i].tobytes()
+        if key not in solved:
+            solved[key] = _solve(W[i], Q, b), _solve(-W[i], Q, b)
+        x_lo, x_hi = solved[key]
         low[i], high[i] = min(W[i] @ x_lo, values[i]), max(W[i] @ x_hi, values[i])
         if vertices:
             verts[i] = (x_lo, x_hi)
@@ -97,7 +101,7 @@ def equivalence_range(T, a, w) -> tuple[float, float]:
     (unpadded: n = the real length); w (n,): token weights (e.g. a one-hot token, a rationale indicator, or
     reference scores). Tensors or arrays; computed in float64. An identifiable row gives (w . a, w . a).
     """
-    T, a, w = (torch.as_tensor(x, dtype=torch.float64).cpu() for x in (T, a, w))
+    T, a, w = (torch.as_tensor(x, dtype=torch.float64).detach().cpu() for x in (T, a, w))
     _check_row(T, a)
     if w.shape != a.shape:
         raise ValueError(f"w must be (n,) = {tuple(a.shape)}, got {tuple(w.shape)}")
@@ -113,7 +117,7 @@ def equivalence_ranges(T, a, W, *, vertices: bool = False) -> dict[str, object]:
     a point). Each row's LPs are small (n variables, rank([T, 1]) equality rows), so they run one after
     another; identifiable rows and objectives constant on the class cost no LP.
     """
-    T, a, W = (torch.as_tensor(x, dtype=torch.float64).cpu() for x in (T, a, W))
+    T, a, W = (torch.as_tensor(x, dtype=torch.float64).detach().cpu() for x in (T, a, W))
     if T.dim() != 3 or a.dim() != 2 or W.dim() != 3 or W.shape[::2] != a.shape or T.shape[:2] != a.shape:
         raise ValueError(f"need T (R, n, d), a (R, n), W (R, k, n); got {tuple(T.shape)}, {tuple(a.shape)}, "
                          f"{tuple(W.shape)}")

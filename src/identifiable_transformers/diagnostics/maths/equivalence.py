@@ -17,7 +17,7 @@ HiGHS' primal feasibility tolerance, 1e-7, on Q^T a* and a* >= 0). The bounds ar
 w . a (a is feasible, so low <= w . a <= high holds exactly; the LP may miss it by that tolerance).
 
 Shortcuts that skip the LPs exactly: when r = n the row is identifiable (P(a) = {a}); when w is constant on
-P(a) (its part in the null space of [T, 1]^T is below ``tol`` of its norm) the range is the point w . a.
+P(a) (its part in the null space of [T, 1]^T is below 1e-10 of its norm) the range is the point w . a.
 """
 
 from __future__ import annotations
@@ -35,16 +35,18 @@ __all__ = ["equivalence_range", "equivalence_ranges", "equality_basis"]
 LP_FEASIBILITY_TOL = 1e-7
 
 
-def equality_basis(T) -> tuple[np.ndarray, float]:
-    """Orthonormal basis Q (n, r) of the column space of [T, c 1] (c = sigma_max(T) / sqrt(n), as
-    ``stochastic_null_dim``), and the tolerance below which a singular value counts as zero."""
+def equality_basis(T) -> tuple[list[np.ndarray], np.ndarray]:
+    """For T (..., n, d): orthonormal bases Q (n, r) of the column spaces of [T, c 1] (c = sigma_max(T) / sqrt(n),
+    as ``stochastic_null_dim``), one per matrix in a flat list, and their tolerances (below which a singular
+    value counts as zero). One stacked numpy SVD: for small matrices torch's costs far more per call."""
     T = torch.as_tensor(T, dtype=torch.float64).detach().cpu()
-    smax = torch.linalg.svdvals(T)[0] if T.numel() else torch.zeros((), dtype=torch.float64)
-    M = _with_ones_column(T, smax)  # (n, d + 1)
-    U, s, _ = torch.linalg.svd(M, full_matrices=False)
-    tol = float(s[0]) * max(M.shape) * _EPS
-    r = int((s > tol).sum())
-    return U[:, :r].numpy(), tol
+    flat = T.reshape(-1, *T.shape[-2:])
+    smax = torch.from_numpy(np.linalg.svd(flat.numpy(), compute_uv=False)[:, :1].sum(-1))  # 0 when d = 0
+    M = _with_ones_column(flat, smax).numpy()  # (R, n, d + 1)
+    U, sv, _ = np.linalg.svd(M, full_matrices=False)
+    tol = sv[:, 0] * max(M.shape[-2:]) * _EPS
+    ranks = (sv > tol[:, None]).sum(-1)
+    return [U[i, :, :r] for i, r in enumerate(ranks)], tol
 
 
 def _solve(c: np.ndarray, Q: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -55,7 +57,8 @@ def _solve(c: np.ndarray, Q: np.ndarray, b: np.ndarray) -> np.ndarray:
     return res.x
 
 
-def _row_ranges(T, a: np.ndarray, W: np.ndarray, vertices: bool) -> tuple[np.ndarray, np.ndarray, list, int]:
+def _row_ranges(Q: np.ndarray, tol: float, a: np.ndarray, W: np.ndarray, vertices: bool
+                ) -> tuple[np.ndarray, np.ndarray, list, int]:
     """low, high (k,) of the k rows of W over P(a), with ``vertices`` the (argmin, argmax) rows per w, and
     P(a)'s dimension n - rank([T, 1])."""
     n = a.shape[0]
@@ -65,7 +68,6 @@ def _row_ranges(T, a: np.ndarray, W: np.ndarray, vertices: bool) -> tuple[np.nda
         verts = [(a.copy(), a.copy()) for _ in range(W.shape[0])]
     else:
         verts = []
-    Q, tol = equality_basis(T)
     free_dim = n - Q.shape[1]
     if free_dim == 0:  # identifiable: P(a) = {a}
         return low, high, verts, free_dim
@@ -74,7 +76,7 @@ def _row_ranges(T, a: np.ndarray, W: np.ndarray, vertices: bool) -> tuple[np.nda
     norms = np.linalg.norm(W, axis=1)
     solved: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}  # the same w twice (e.g. one top token) is solved once
     for i in range(W.shape[0]):
-        if np.linalg.norm(free[i]) <= tol * max(norms[i], 1.0):
+        if np.linalg.norm(free[i]) <= 1e-10 * norms[i]:
             continue  # w . a' is the same for every a' in P(a)
         key = W[i].tobytes()
         if key not in solved:
@@ -105,7 +107,8 @@ def equivalence_range(T, a, w) -> tuple[float, float]:
     _check_row(T, a)
     if w.shape != a.shape:
         raise ValueError(f"w must be (n,) = {tuple(a.shape)}, got {tuple(w.shape)}")
-    low, high, _, _ = _row_ranges(T, a.numpy(), w.numpy()[None, :], vertices=False)
+    (Q,), (tol,) = equality_basis(T)
+    low, high, _, _ = _row_ranges(Q, tol, a.numpy(), w.numpy()[None, :], vertices=False)
     return float(low[0]), float(high[0])
 
 
@@ -130,7 +133,9 @@ def equivalence_ranges(T, a, W, *, vertices: bool = False) -> dict[str, object]:
         out["argmax"] = torch.empty(R, k, n, dtype=torch.float64)
     for r in range(R):
         _check_row(T[r], a[r])
-        low, high, verts, out["free_dim"][r] = _row_ranges(T[r], a[r].numpy(), W[r].numpy(), vertices)
+    bases, tols = equality_basis(T)
+    for r in range(R):
+        low, high, verts, out["free_dim"][r] = _row_ranges(bases[r], tols[r], a[r].numpy(), W[r].numpy(), vertices)
         out["low"][r], out["high"][r] = torch.from_numpy(low), torch.from_numpy(high)
         if vertices:
             out["argmin"][r] = torch.from_numpy(np.stack([v[0] for v in verts]))

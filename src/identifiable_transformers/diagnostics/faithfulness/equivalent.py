@@ -50,6 +50,7 @@ def equivalent_explanations(model, input_ids: Tensor, attention_mask: Tensor | N
       low, high, value    (B, H, k) float64: each objective's least, greatest and actual value;
       free_dim            (B, H) the class's dimension n - rank([T, 1]) (0: identifiable row);
       layer, lengths      the last layer's index; (B,) real lengths;
+      top_index           (B, H) each row's top token (the ``top`` objective's);
       guide               the objective that chooses the best and the worst explanation;
       scores              {"best"/"worst": (B, T)} the head-mean extreme explanations (0 at <cls>, padding);
       per_example         {"best/<metric>": (B,), ...} their erasure and (with rationales) plausibility metrics;
@@ -90,6 +91,7 @@ def _ranges(rows: Tensor, Tv: Tensor, lengths: Tensor, loo: Tensor, rationale: T
     nan = lambda *shape: torch.full(shape, math.nan, dtype=torch.float64)  # noqa: E731
     out = {"objectives": names, "guide": names[guide], "low": nan(B, H, k), "high": nan(B, H, k),
            "value": nan(B, H, k), "free_dim": torch.zeros(B, H, dtype=torch.long), "lengths": lengths,
+           "top_index": torch.zeros(B, H, dtype=torch.long),
            "best": torch.zeros(B, H, T, dtype=torch.float64), "worst": torch.zeros(B, H, T, dtype=torch.float64)}
     if token_ranges:
         out["token_low"], out["token_high"] = nan(B, H, T), nan(B, H, T)
@@ -101,6 +103,7 @@ def _ranges(rows: Tensor, Tv: Tensor, lengths: Tensor, loo: Tensor, rationale: T
         scorable = slice(1, n) if n > 1 else slice(0, 1)  # <cls> is never an explanation's top token
         top = a[:, scorable].argmax(-1) + scorable.start  # (H,)
         mean_top = int(a.mean(0)[scorable].argmax()) + scorable.start
+        out["top_index"][b] = top
         W = {"top": eye[top], "mean_top": eye[mean_top].expand(H, n), "loo": loo[b, :n].expand(H, n)}
         if rationale is not None:
             W["rationale"] = rationale[b, :n].double().expand(H, n)

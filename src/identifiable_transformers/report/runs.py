@@ -29,8 +29,9 @@ COLUMNS = {  # column -> key in metrics.json["metrics"]
 }
 GROUP = ["data", "head_combine", "embed_dim", "num_heads", "key_dim", "value_dim"]
 # Besides COLUMNS, every run's metrics under these prefixes become columns (``val/`` dropped): every faithfulness
-# metric, per-epoch ones and the end-of-fit val/faith/final/*, and identifiability per cumulative length bin.
-PER_RUN_PREFIXES = ("val/faith/", "val/ident/len_le_")
+# metric, per-epoch ones and the end-of-fit val/faith/final/*, identifiability per cumulative length bin, and the
+# equivalence ranges (report/equivalence.py).
+PER_RUN_PREFIXES = ("val/faith/", "val/ident/len_le_", "val/ident/range_")
 
 
 def _natural(name: str) -> list:

@@ -45,7 +45,7 @@ def test_range_matches_the_vertices(n, d):
         low, high = equivalence_range(T, a, w)
         assert low == pytest.approx((V @ w).min(), abs=1e-7)
         assert high == pytest.approx((V @ w).max(), abs=1e-7)
-        assert low <= w @ a <= high
+        assert low - 1e-12 <= w @ a <= high + 1e-12
 
 
 def test_batched_matches_the_vertices_and_returns_feasible_optima():

@@ -83,7 +83,7 @@ def equivalent_explanations(model, input_ids: Tensor, attention_mask: Tensor | N
 
 def _ranges(rows: Tensor, Tv: Tensor, lengths: Tensor, loo: Tensor, rationale: Tensor | None,
             token_ranges: bool) -> dict:
-    """The LPs, one example (its H heads) at a time, on its real tokens only (padding is never in a class)."""
+    """The LPs on each example's real tokens only (padding is never in a class), one call per length."""
     B, H, T = rows.shape
     names = [o for o in OBJECTIVES if o != "rationale" or rationale is not None]
     guide = names.index("rationale" if rationale is not None else "loo")
@@ -95,6 +95,7 @@ def _ranges(rows: Tensor, Tv: Tensor, lengths: Tensor, loo: Tensor, rationale: T
            "best": torch.zeros(B, H, T, dtype=torch.float64), "worst": torch.zeros(B, H, T, dtype=torch.float64)}
     if token_ranges:
         out["token_low"], out["token_high"] = nan(B, H, T), nan(B, H, T)
+    objectives = {}  # b -> (a (H, n), W (H, k[+n], n))
     for b in range(B):
         n = int(lengths[b])
         a = rows[b, :, :n]
@@ -108,16 +109,27 @@ def _ranges(rows: Tensor, Tv: Tensor, lengths: Tensor, loo: Tensor, rationale: T
         if rationale is not None:
             W["rationale"] = rationale[b, :n].double().expand(H, n)
         W = torch.stack([W[o] for o in names], 1)  # (H, k, n)
+        objectives[b] = a, torch.cat([W, eye.expand(H, n, n)], 1) if token_ranges else W
+    for n in lengths.unique().tolist():  # one call (one block-diagonal LP) per length: T is never padded
+        idx = (lengths == n).nonzero().flatten().tolist()
+        a = torch.cat([objectives[b][0] for b in idx])  # (len(idx) H, n)
+        W = torch.cat([objectives[b][1] for b in idx])
+        res = equivalence_ranges(Tv[idx, :, :n].reshape(-1, n, Tv.shape[-1]), a, W, vertices=True)
+        value = torch.einsum("rkn,rn->rk", W[:, :k], a)
+        out["low"][idx], out["high"][idx] = _unstack(H, res["low"][:, :k]), _unstack(H, res["high"][:, :k])
+        out["value"][idx], out["free_dim"][idx] = _unstack(H, value), _unstack(H, res["free_dim"])
+        out["best"][idx, :, :n] = _unstack(H, res["argmax"][:, guide])
+        out["worst"][idx, :, :n] = _unstack(H, res["argmin"][:, guide])
         if token_ranges:
-            W = torch.cat([W, eye.expand(H, n, n)], 1)
-        res = equivalence_ranges(Tv[b, :, :n], a, W, vertices=True)
-        value = torch.einsum("hkn,hn->hk", W, a)
-        out["low"][b], out["high"][b], out["value"][b] = res["low"][:, :k], res["high"][:, :k], value[:, :k]
-        out["free_dim"][b] = res["free_dim"]
-        out["best"][b, :, :n], out["worst"][b, :, :n] = res["argmax"][:, guide], res["argmin"][:, guide]
-        if token_ranges:
-            out["token_low"][b, :, :n], out["token_high"][b, :, :n] = res["low"][:, k:], res["high"][:, k:]
-        if rationale is not None and not bool(rationale[b, 1:n].any()):
-            j = names.index("rationale")  # no rationale in this example: its weight is no measurement
-            out["low"][b, :, j] = out["high"][b, :, j] = out["value"][b, :, j] = math.nan
+            out["token_low"][idx, :, :n] = _unstack(H, res["low"][:, k:])
+            out["token_high"][idx, :, :n] = _unstack(H, res["high"][:, k:])
+    if rationale is not None:
+        j = names.index("rationale")  # no rationale in an example: its weight is no measurement
+        none = ~rationale[:, 1:].any(1)
+        out["low"][none, :, j] = out["high"][none, :, j] = out["value"][none, :, j] = math.nan
     return out
+
+
+def _unstack(H: int, t: Tensor) -> Tensor:
+    """(m H, ...) rows of m examples' heads -> (m, H, ...)."""
+    return t.reshape(-1, H, *t.shape[1:])

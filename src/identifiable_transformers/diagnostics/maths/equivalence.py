@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from scipy import sparse
 from scipy.optimize import linprog
 from torch import Tensor
 
@@ -33,6 +34,8 @@ __all__ = ["equivalence_range", "equivalence_ranges", "equality_basis"]
 
 # HiGHS' default primal feasibility tolerance: how far an LP optimum may break Q^T a' = Q^T a and a' >= 0.
 LP_FEASIBILITY_TOL = 1e-7
+# Variables per block-diagonal LP call (_solve_blocks): large enough to amortise the call, small enough for memory.
+_BLOCK_VARIABLES = 200_000
 
 
 def equality_basis(T) -> tuple[list[np.ndarray], np.ndarray]:
@@ -49,43 +52,29 @@ def equality_basis(T) -> tuple[list[np.ndarray], np.ndarray]:
     return [U[i, :, :r] for i, r in enumerate(ranks)], tol
 
 
-def _solve(c: np.ndarray, Q: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """argmin c . x over {x >= 0, Q^T x = b} (HiGHS)."""
-    res = linprog(c, A_eq=Q.T, b_eq=b, bounds=(0, None), method="highs")
-    if res.status != 0:  # never expected: a is feasible and the set is bounded (a simplex face)
-        raise RuntimeError(f"equivalence LP failed: {res.message}")
-    return res.x
+def _solve_blocks(problems: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+    """argmin c . x over {x >= 0, Q^T x = b} for every (c, Q, b), solved as block-diagonal LPs (HiGHS).
 
-
-def _row_ranges(Q: np.ndarray, tol: float, a: np.ndarray, W: np.ndarray, vertices: bool
-                ) -> tuple[np.ndarray, np.ndarray, list, int]:
-    """low, high (k,) of the k rows of W over P(a), with ``vertices`` the (argmin, argmax) rows per w, and
-    P(a)'s dimension n - rank([T, 1])."""
-    n = a.shape[0]
-    values = W @ a
-    low, high = values.copy(), values.copy()
-    if vertices:
-        verts = [(a.copy(), a.copy()) for _ in range(W.shape[0])]
-    else:
-        verts = []
-    free_dim = n - Q.shape[1]
-    if free_dim == 0:  # identifiable: P(a) = {a}
-        return low, high, verts, free_dim
-    b = Q.T @ a
-    free = W - (W @ Q) @ Q.T  # the part of each w that can change along P(a)'s directions
-    norms = np.linalg.norm(W, axis=1)
-    solved: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}  # the same w twice (e.g. one top token) is solved once
-    for i in range(W.shape[0]):
-        if np.linalg.norm(free[i]) <= 1e-10 * norms[i]:
-            continue  # w . a' is the same for every a' in P(a)
-        key = W[i].tobytes()
-        if key not in solved:
-            solved[key] = _solve(W[i], Q, b), _solve(-W[i], Q, b)
-        x_lo, x_hi = solved[key]
-        low[i], high[i] = min(W[i] @ x_lo, values[i]), max(W[i] @ x_hi, values[i])
-        if vertices:
-            verts[i] = (x_lo, x_hi)
-    return low, high, verts, free_dim
+    The blocks share no variable and the objective is their sum, so a solution of the whole is optimal in every
+    block (else that block alone could be improved): one solver call replaces hundreds of small ones, whose
+    fixed cost per call is most of a small LP's time. Chunks of at most ``_BLOCK_VARIABLES`` variables.
+    """
+    out: list[np.ndarray] = []
+    start = 0
+    while start < len(problems):
+        stop, size = start, 0
+        while stop < len(problems) and (stop == start or size + len(problems[stop][0]) <= _BLOCK_VARIABLES):
+            size += len(problems[stop][0])
+            stop += 1
+        chunk = problems[start:stop]
+        res = linprog(np.concatenate([c for c, _, _ in chunk]),
+                      A_eq=sparse.block_diag([Q.T for _, Q, _ in chunk], format="csr"),
+                      b_eq=np.concatenate([b for _, _, b in chunk]), bounds=(0, None), method="highs")
+        if res.status != 0:  # never expected: a is feasible and each set is bounded (a face of the simplex)
+            raise RuntimeError(f"equivalence LP failed: {res.message}")
+        out += np.split(res.x, np.cumsum([len(c) for c, _, _ in chunk])[:-1])
+        start = stop
+    return out
 
 
 def _check_row(T: Tensor, a: Tensor) -> None:
@@ -107,8 +96,8 @@ def equivalence_range(T, a, w) -> tuple[float, float]:
     _check_row(T, a)
     if w.shape != a.shape:
         raise ValueError(f"w must be (n,) = {tuple(a.shape)}, got {tuple(w.shape)}")
-    (Q,), (tol,) = equality_basis(T)
-    low, high, _, _ = _row_ranges(Q, tol, a.numpy(), w.numpy()[None, :], vertices=False)
+    res = equivalence_ranges(T[None], a[None], w[None, None])
+    low, high = res["low"][0], res["high"][0]
     return float(low[0]), float(high[0])
 
 
@@ -117,27 +106,46 @@ def equivalence_ranges(T, a, W, *, vertices: bool = False) -> dict[str, object]:
 
     Returns {"low": (R, k), "high": (R, k), "free_dim": (R,) n - rank([T, 1])} float64 tensors and, with
     ``vertices``, "argmin" and "argmax" (R, k, n): an optimal row a' of each LP (a itself where the range is
-    a point). Each row's LPs are small (n variables, rank([T, 1]) equality rows), so they run one after
-    another; identifiable rows and objectives constant on the class cost no LP.
+    a point). Each LP is small (n variables, rank([T, 1]) equality rows): all of them run as one block-diagonal
+    LP (``_solve_blocks``); identifiable rows, objectives constant on the class and repeated objectives of a row
+    cost no LP.
     """
     T, a, W = (torch.as_tensor(x, dtype=torch.float64).detach().cpu() for x in (T, a, W))
     if T.dim() != 3 or a.dim() != 2 or W.dim() != 3 or W.shape[::2] != a.shape or T.shape[:2] != a.shape:
         raise ValueError(f"need T (R, n, d), a (R, n), W (R, k, n); got {tuple(T.shape)}, {tuple(a.shape)}, "
                          f"{tuple(W.shape)}")
     R, k, n = W.shape
-    out: dict[str, object] = {"low": torch.empty(R, k, dtype=torch.float64),
-                              "high": torch.empty(R, k, dtype=torch.float64),
-                              "free_dim": torch.empty(R, dtype=torch.long)}
-    if vertices:
-        out["argmin"] = torch.empty(R, k, n, dtype=torch.float64)
-        out["argmax"] = torch.empty(R, k, n, dtype=torch.float64)
+    out: dict[str, object] = {}
     for r in range(R):
         _check_row(T[r], a[r])
-    bases, tols = equality_basis(T)
-    for r in range(R):
-        low, high, verts, out["free_dim"][r] = _row_ranges(bases[r], tols[r], a[r].numpy(), W[r].numpy(), vertices)
-        out["low"][r], out["high"][r] = torch.from_numpy(low), torch.from_numpy(high)
+    bases, _ = equality_basis(T)
+    values = torch.einsum("rkn,rn->rk", W, a)
+    out["low"], out["high"] = values.clone(), values.clone()
+    out["free_dim"] = torch.tensor([n - Q.shape[1] for Q in bases])
+    if vertices:
+        out["argmin"], out["argmax"] = (a[:, None, :].expand(R, k, n).clone() for _ in range(2))
+    problems, jobs = [], {}  # jobs: (r, i) -> index of its min problem (its max is the next); same w, same LPs
+    for r, Q in enumerate(bases):
+        if Q.shape[1] == n:  # identifiable: P(a) = {a}, every range is a point
+            continue
+        Wr = W[r].numpy()
+        free = Wr - (Wr @ Q) @ Q.T  # the part of each w that can change along P(a)'s directions
+        b = Q.T @ a[r].numpy()
+        seen: dict[bytes, int] = {}
+        for i in range(k):
+            if np.linalg.norm(free[i]) <= 1e-10 * np.linalg.norm(Wr[i]):
+                continue  # w . a' is the same for every a' in P(a)
+            key = Wr[i].tobytes()
+            if key not in seen:
+                seen[key] = len(problems)
+                problems += [(Wr[i], Q, b), (-Wr[i], Q, b)]
+            jobs[r, i] = seen[key]
+    xs = _solve_blocks(problems)
+    for (r, i), p in jobs.items():
+        x_lo, x_hi = torch.from_numpy(xs[p]), torch.from_numpy(xs[p + 1])
+        # a is feasible: widen by the LP tolerance so that low <= w . a <= high holds exactly
+        out["low"][r, i] = min(float(W[r, i] @ x_lo), float(values[r, i]))
+        out["high"][r, i] = max(float(W[r, i] @ x_hi), float(values[r, i]))
         if vertices:
-            out["argmin"][r] = torch.from_numpy(np.stack([v[0] for v in verts]))
-            out["argmax"][r] = torch.from_numpy(np.stack([v[1] for v in verts]))
+            out["argmin"][r, i], out["argmax"][r, i] = x_lo, x_hi
     return out

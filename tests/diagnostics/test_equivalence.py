@@ -8,6 +8,7 @@ import torch
 from scipy.optimize import linprog
 
 from identifiable_transformers.diagnostics import equivalence_range, equivalence_ranges
+from identifiable_transformers.diagnostics.maths.equivalence import LP_FEASIBILITY_TOL
 
 
 def _vertices(T: np.ndarray, a: np.ndarray) -> np.ndarray:
@@ -62,8 +63,8 @@ def test_batched_matches_the_vertices_and_returns_feasible_optima():
         np.testing.assert_allclose(out["high"][r].numpy(), (V @ W[r].T).max(0), atol=1e-7)
         for which in ("argmin", "argmax"):
             x = out[which][r].numpy()  # (k, n): each optimum is in the class, within the stated tolerance
-            assert x.min() >= -1e-7
-            np.testing.assert_allclose(x.sum(1), 1.0, atol=1e-7)
+            assert x.min() >= -LP_FEASIBILITY_TOL
+            np.testing.assert_allclose(x.sum(1), 1.0, atol=LP_FEASIBILITY_TOL)
             np.testing.assert_allclose(x @ T[r], np.broadcast_to(a[r] @ T[r], (k, d)), atol=1e-6)
         np.testing.assert_allclose(np.einsum("kn,kn->k", out["argmax"][r].numpy(), W[r]), out["high"][r], atol=1e-9)
 

@@ -21,7 +21,7 @@ def test_equivalence_table_is_mean_and_std_per_configuration(tmp_path):
     for combine, values in spreads.items():
         for seed, s in enumerate(values):
             _job(sweep, i, combine, seed, {"val/ident/range_rationale": s, "val/ident/range_top": s / 2,
-                                           "val/ident/range_best/comprehensiveness": 0.5 + s,
+                                           "val/ident/range_comprehensiveness_best": 0.5 + s,
                                            "val/ident/len_le_17/range_top": 0.0})
             i += 1
     _job(sweep, i, "concat", 9, {})  # a run without the callback (callbacks.equivalence=null): left out of the means

@@ -16,8 +16,8 @@ def test_training_logs_ranges_and_writes_equivalence_json(make_cfg, tmp_path):
     cfg = make_cfg("trainer.max_epochs=1", "test=false", "callbacks.faithfulness.final=false")
     m = run(cfg)["metrics"]
     for key in ("range_top", "range_mean_top", "range_loo", "range_free_frac", "range_headmean/loo_low",
-                "range_headmean/loo_high", "range_best/comprehensiveness", "range_worst/comprehensiveness",
-                "l0_h0/range_top", "range_compute_s"):
+                "range_headmean/loo_high", "range_comprehensiveness_best", "range_comprehensiveness_worst",
+                "l0_h0/range_top", "equivalence_compute_s"):
         assert f"val/ident/{key}" in m, key
     assert m["val/ident/range_headmean/loo_low"] <= m["val/ident/range_headmean/loo_high"]
     assert any(k.startswith("val/ident/len_le_") and k.endswith("/range_top") for k in m)

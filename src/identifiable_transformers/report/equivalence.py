@@ -20,10 +20,10 @@ RANGE_COLUMNS = {
     "mean_rationale_high": "ident/range_headmean/rationale_high",
     "mean_top_low": "ident/range_headmean/mean_top_low",
     "mean_top_high": "ident/range_headmean/mean_top_high",
-    "comp_worst": "ident/range_worst/comprehensiveness",
-    "comp_best": "ident/range_best/comprehensiveness",
-    "auprc_worst": "ident/range_worst/rationale_auprc",
-    "auprc_best": "ident/range_best/rationale_auprc",
+    "comp_worst": "ident/range_comprehensiveness_worst",
+    "comp_best": "ident/range_comprehensiveness_best",
+    "auprc_worst": "ident/range_rationale_auprc_worst",
+    "auprc_best": "ident/range_rationale_auprc_best",
 }
 
 

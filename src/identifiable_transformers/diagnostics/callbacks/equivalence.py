@@ -23,7 +23,7 @@ import torch
 
 from ...common.files import atomic_write
 from ..faithfulness import rationale_mask
-from ..faithfulness.equivalent import EXTREMES, equivalent_explanations
+from ..faithfulness.equivalent import equivalent_explanations
 from .faithfulness import FaithfulnessCallback, _first
 from .identifiability import IdentifiabilityCallback
 from .probes import DEFAULT_LENGTH_BINS, bin_key, bin_masks, check_length_bins, nanmean, resolve_length_bins
@@ -47,10 +47,9 @@ def range_metrics(rep: dict[str, Any], layer: int, bins: Sequence[int] = ()) -> 
     for h in range(spread.shape[1]):
         for j, o in enumerate(rep["objectives"]):
             out[f"{PREFIX}/l{layer}_h{h}/range_{o}"] = nanmean(spread[:, h, j])
-    for e in EXTREMES:
-        for key, v in rep["per_example"].items():
-            if key.startswith(f"{e}/"):
-                out[f"{PREFIX}/range_{key}"] = nanmean(v)
+    for key, v in rep["per_example"].items():  # "best/comprehensiveness" -> range_comprehensiveness_best
+        extreme, _, metric = key.partition("/")
+        out[f"{PREFIX}/range_{metric}_{extreme}"] = nanmean(v)
     for b, rows in bin_masks(rep["lengths"], bins).items():
         out.update(_overall(rep, f"{PREFIX}/{bin_key(b)}", rows))
     return out
@@ -150,7 +149,7 @@ class EquivalenceCallback(pl.Callback):
                                       rationale_mask=rmask, loo=None if loo is None else loo.to(dev),
                                       token_ranges=self.token_ranges)
         metrics = range_metrics(rep, rep["layer"], probe["length_bins"])
-        metrics[f"{PREFIX}/range_compute_s"] = time.perf_counter() - t0
+        metrics[f"{PREFIX}/equivalence_compute_s"] = time.perf_counter() - t0  # not range_*: no spread
         for key, value in metrics.items():
             pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
         self.last_report, self.last_metrics = rep, metrics

@@ -84,7 +84,7 @@ def test_presets_set_the_documented_values(make_cfg, preset):
 def test_callback_and_launcher_presets_name_the_right_classes(make_cfg):
     cfg = make_cfg("callbacks=[default,early_stopping]", fast=False)
     assert set(cfg.callbacks) == {"model_checkpoint", "last_checkpoint", "lr_monitor", "progress_bar",
-                                  "identifiability", "faithfulness", "early_stopping"}
+                                  "identifiability", "faithfulness", "equivalence", "early_stopping"}
     assert cfg.hydra.runtime.choices["hydra/launcher"] == "basic"
     cfg = make_cfg("hydra/launcher=joblib_local", fast=False)
     assert cfg.hydra.launcher._target_.endswith("JoblibLauncher")

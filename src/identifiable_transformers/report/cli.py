@@ -16,6 +16,7 @@ from pathlib import Path
 from ..common.errors import UserError, ensure_output_dir, user_error_message
 from ..common.files import atomic_write
 from .designs import write_design_comparison
+from .equivalence import equivalence_table
 from .factorial import is_factorial
 from .factorial_markdown import write_factorial
 from .faithfulness import faithfulness_table, seed_agreement
@@ -104,6 +105,11 @@ def _report(args: argparse.Namespace) -> None:
                 and not is_factorial(runs):
             notes.append("no faithfulness_designs.md: no dataset and key size has two runs of each design "
                          "(identifiable and baseline)")
+    ranges = equivalence_table(runs)
+    if ranges is not None:  # how far explanations move at a fixed output (docs/identifiability.md 2.8)
+        atomic_write(out / "equivalence.csv", ranges.to_csv(index=False))
+        atomic_write(out / "equivalence.md", markdown_table(ranges, GROUP))
+        written += [out / "equivalence.md", out / "equivalence.csv"]
     lengths_table = length_table(runs)
     if lengths_table is not None:  # identifiability and faithfulness per cumulative length bin
         atomic_write(out / "lengths.csv", lengths_table.to_csv(index=False))

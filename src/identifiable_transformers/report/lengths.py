@@ -15,7 +15,8 @@ import pandas as pd
 from .runs import GROUP
 
 # The identifiability columns of the table (a bin's probe_count first: how many probe examples it holds).
-IDENT_METRICS = ("probe_count", "identifiable_frac", "null_dim", "alt_tv", "eps_tv_1e-3", "effective_gap")
+IDENT_METRICS = ("probe_count", "identifiable_frac", "null_dim", "alt_tv", "eps_tv_1e-3", "effective_gap",
+                 "range_top", "range_rationale")  # the last two: equivalence ranges, where a run logged them
 # The explainers and metrics of the table: raw and effective attention, where the designs differ.
 LENGTH_EXPLAINERS = ("attention", "effective")
 LENGTH_FAITH_METRICS = ("comprehensiveness", "sufficiency", "rationale_auprc")

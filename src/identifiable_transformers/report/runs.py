@@ -30,7 +30,7 @@ COLUMNS = {  # column -> key in metrics.json["metrics"]
 GROUP = ["data", "head_combine", "embed_dim", "num_heads", "key_dim", "value_dim"]
 # Besides COLUMNS, every run's metrics under these prefixes become columns (``val/`` dropped): every faithfulness
 # metric, per-epoch ones and the end-of-fit val/faith/final/*, identifiability per cumulative length bin, and the
-# equivalence-class ranges (val/ident/range_*, issue 41; report/factorial.py).
+# equivalence-class ranges (val/ident/range_*: report/equivalence.py, report/factorial.py).
 PER_RUN_PREFIXES = ("val/faith/", "val/ident/len_le_", "val/ident/range_")
 
 

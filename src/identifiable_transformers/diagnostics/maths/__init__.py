@@ -6,8 +6,10 @@ Layers, lowest first; a module imports only modules above it in this list:
     key_aware.py        the key-aware count of alternatives for one head (Q, K, T; section 2.5)
     internals.py        a model's per-head T and A on a batch; the model-level identifiability report
     key_aware_heads.py  the key-aware count for every head of a model
+    equivalence.py      equivalence-class ranges: least and greatest w . a' over a row's output-equivalent rows (LPs)
 """
 
+from .equivalence import equivalence_range, equivalence_ranges
 from .internals import (
     attention_identifiability,
     attention_maps,
@@ -35,6 +37,8 @@ __all__ = [
     "attention_identifiability",
     "attention_maps",
     "effective_attention",
+    "equivalence_range",
+    "equivalence_ranges",
     "generatable_alternative_dim",
     "identifiability_from_internals",
     "identifiable_length",

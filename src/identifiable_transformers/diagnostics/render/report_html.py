@@ -279,9 +279,18 @@ def build_report(
                             "rat. score each explainer against it (higher is more plausible)."
                             if rationales is not None else "") + "</p>" + table)
             faith_records.append({"example": b, **record})
+    equivalence_records: list = []
+    if faithfulness:
+        from .equivalence_html import equivalence_section
+
+        with _stage(f"report: output-equivalent explanations of {B} example(s) (linear programs)"):
+            section, equivalence_records = equivalence_section(model, input_ids, attention_mask, tokens, rationale_mask)
+        parts += section
     parts.append("</body></html>")
     path = out / "report.html"
     atomic_write(path, "\n".join(parts))
     atomic_write(out / "report.json", json.dumps({"bounds": bounds, "config": cfg, "heads": records,
-                                                   **({"faithfulness": faith_records} if faith else {})}, indent=1))
+                                                   **({"faithfulness": faith_records} if faith else {}),
+                                                   **({"equivalence": equivalence_records} if equivalence_records
+                                                      else {})}, indent=1))
     return path

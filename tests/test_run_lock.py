@@ -7,6 +7,7 @@ one Error line and status 1 before Hydra writes its log or .hydra/ there.
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from identifiable_transformers.run.checks import claim_folder
-from identifiable_transformers.run.lock import LOCK_NAME, FolderInUseError, holds_lock, unlock_run_folder
+from identifiable_transformers.run.lock import LOCK_NAME, FolderInUseError, holds_lock, launched_rank, unlock_run_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,6 +127,42 @@ def test_other_ranks_of_a_run_share_rank_0s_folder(tmp_path, monkeypatch):
         monkeypatch.setenv("LOCAL_RANK", "0")
         with pytest.raises(FolderInUseError):
             claim_folder(folder, resuming=False)
+    finally:
+        stop.touch()
+        holder.wait(timeout=60)
+
+
+def test_a_multi_node_runs_global_rank_decides_not_its_local_rank(tmp_path, monkeypatch):
+    # node 1 of a 2-node run, 8 processes per node: its first process has global rank 8 and local rank 0
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RANK", "8")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert launched_rank() == 8
+    assert claim_folder(tmp_path / "run", resuming=False) is False and not holds_lock(tmp_path / "run")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "3")  # not what Lightning sets, but RANK is the one that counts
+    assert launched_rank() == 0
+    monkeypatch.delenv("RANK")
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert launched_rank() == 0  # Lightning's order: LOCAL_RANK before SLURM_PROCID
+
+
+def test_a_longer_stale_line_in_the_lock_file_is_replaced_whole(tmp_path):
+    folder, go, stop = tmp_path / "run", tmp_path / "go", tmp_path / "stop"
+    folder.mkdir()
+    stale = f"pid 999999999 on {'a-very-long-host-name-of-a-node-long-gone' * 3}\n"
+    (folder / LOCK_NAME).write_text(stale)  # left by a dead run on another machine
+    go.touch()
+    holder = _claimer(folder, go, stop)
+    try:
+        _wait_for(holder, folder)
+        assert (folder / LOCK_NAME).read_text() == f"pid {holder.pid} on {socket.gethostname()}\n"
+        with pytest.raises(FolderInUseError) as err:
+            claim_folder(folder, resuming=False)
+        assert f"in use by another run (pid {holder.pid} on {socket.gethostname()}):" in str(err.value)
+        assert "\n" not in str(err.value) and "long-gone" not in str(err.value)
     finally:
         stop.touch()
         holder.wait(timeout=60)

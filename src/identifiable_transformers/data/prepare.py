@@ -284,15 +284,31 @@ def _apportion(counts: np.ndarray, frac: float) -> np.ndarray:
     return np.minimum(base, counts)
 
 
+def _keep_one_training_row(classes: np.ndarray, counts: np.ndarray, quotas: dict[str, np.ndarray]) -> None:
+    """Lower the carved quotas (last split first) of any class they would take whole: a class with no training row
+    is one no model can learn, yet it would be scored in validation and test (a rare class, large fractions)."""
+    for ci, c in enumerate(classes):
+        excess = sum(int(q[ci]) for q in quotas.values()) - (int(counts[ci]) - 1)
+        if excess <= 0:
+            continue
+        for q in reversed(list(quotas.values())):
+            take = min(excess, int(q[ci]))
+            q[ci] -= take
+            excess -= take
+        log.warning("class %r (%d rows) would have no training row: %s carve fewer of its rows, so one is kept "
+                    "for training", c.item() if hasattr(c, "item") else c, counts[ci], "/".join(quotas))
+
+
 def stratified_split(labels: np.ndarray, fractions: dict[str, float], seed: int) -> dict[str, np.ndarray]:
     """Seeded, per-class split. Returns sorted row indices for each name in ``fractions``
     (each of size round(fraction * N), apportioned over the classes by largest remainder)
-    and the remainder under "rest". Classes are visited in sorted order so the result depends
-    only on (labels, fractions, seed)."""
+    and the remainder under "rest"; every class keeps at least one row in "rest" (the training rows). Classes are
+    visited in sorted order so the result depends only on (labels, fractions, seed)."""
     rng = np.random.default_rng(int(seed))
     labels = np.asarray(labels)
     classes, counts = np.unique(labels, return_counts=True)
     quotas = {k: _apportion(counts, f) for k, f in fractions.items()}
+    _keep_one_training_row(classes, counts, quotas)
     parts: dict[str, list[np.ndarray]] = {k: [] for k in [*fractions, "rest"]}
     for ci, c in enumerate(classes):
         idx = np.flatnonzero(labels == c)

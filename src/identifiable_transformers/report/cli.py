@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 
 from ..common.errors import UserError, ensure_output_dir, user_error_message
-from ..common.files import atomic_write
+from ..common.files import DiskFullError, atomic_write
 from .designs import write_design_comparison
 from .equivalence import equivalence_table
 from .factorial import is_factorial
@@ -163,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
             message = user_error_message(ex)
             if message is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
+            if isinstance(ex, DiskFullError):  # the files written before it are there: a rerun must replace them
+                message += (" Then run the report again with --overwrite (it replaces the files this one wrote), "
+                            "or pass --out DIR on a disk with room.")
             sys.stdout.flush()
             print(f"Error: {message}", file=sys.stderr, flush=True)
             return 1

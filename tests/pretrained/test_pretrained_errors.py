@@ -54,8 +54,14 @@ def test_an_architecture_without_an_adapter(make_cfg, tmp_path):
 
 
 def test_max_length_beyond_the_models_positions(make_cfg, tiny_bert):
-    with pytest.raises(ValueError, match=r"model.max_len: max_len=200 \(data.max_length\) is longer than the 130 "):
+    with pytest.raises(ValueError, match=r"^data.max_length \(model.max_len follows it\): max_len=200 is longer than "
+                                         r"the 130 "):
         check_config(make_cfg(*BASE, f"model.name_or_path={tiny_bert}", "data.max_length=200", fast=False))
+
+
+def test_model_max_len_set_alone_is_the_key_named(make_cfg, tiny_bert):
+    with pytest.raises(ValueError, match=r"^model.max_len: max_len=600 is longer than the 130 tokens .* set it to 130"):
+        check_config(make_cfg(*BASE, f"model.name_or_path={tiny_bert}", "model.max_len=600", fast=False))
 
 
 def test_an_uncached_hub_id_fails_fast_offline(make_cfg, monkeypatch):
@@ -117,3 +123,14 @@ def test_every_damaged_file_is_named_before_the_data(make_cfg, tiny_bert, tmp_pa
     (folder / name).write_bytes(data)
     with pytest.raises(ValueError, match=match):
         check_config(make_cfg(*BASE, f"model.name_or_path={folder}", fast=False))
+
+
+def test_a_home_folder_is_written_quoted_as_the_docs_say(make_cfg):
+    from hydra.errors import OverrideParseException
+
+    from identifiable_transformers.hf.loading import is_local
+
+    with pytest.raises(OverrideParseException):
+        make_cfg(*BASE, "model.name_or_path=~/models/x")  # unquoted: Hydra's parse error, so the docs say quote it
+    cfg = make_cfg(*BASE, 'model.name_or_path="~/models/x"')  # docs/pretrained.md's form
+    assert cfg.model.name_or_path == "~/models/x" and is_local(cfg.model.name_or_path)

@@ -131,6 +131,6 @@ def test_a_home_folder_is_written_quoted_as_the_docs_say(make_cfg):
     from identifiable_transformers.hf.loading import is_local
 
     with pytest.raises(OverrideParseException):
-        make_cfg(*BASE, "model.name_or_path=~/models/x")  # unquoted: Hydra's parse error, so the docs say quote it
-    cfg = make_cfg(*BASE, 'model.name_or_path="~/models/x"')  # docs/pretrained.md's form
+        make_cfg(*BASE, "model.name_or_path=~/models/x", fast=False)  # unquoted: Hydra's parse error, so the docs say quote it
+    cfg = make_cfg(*BASE, 'model.name_or_path="~/models/x"', fast=False)  # docs/pretrained.md's form
     assert cfg.model.name_or_path == "~/models/x" and is_local(cfg.model.name_or_path)

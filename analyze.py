@@ -35,7 +35,13 @@ def _texts_from_cfg(cfg: DictConfig) -> list[str] | None:
         path = Path(cfg.texts_file).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"texts_file={cfg.texts_file!r} does not exist")
-        texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            line = path.read_bytes()[: e.start].count(b"\n") + 1
+            raise ValueError(f"texts_file={cfg.texts_file!r} is not UTF-8 text (byte {e.start}, line {line}: "
+                             f"{e.reason}): save it as UTF-8 (e.g. iconv -f latin1 -t utf-8 IN > OUT)") from None
+        texts = [line.strip() for line in lines if line.strip()]
         if not texts:
             raise ValueError(f"texts_file={cfg.texts_file!r} has no non-blank line")
     else:

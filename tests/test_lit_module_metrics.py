@@ -55,3 +55,31 @@ def test_accuracy_is_micro_and_f1_macro_averaged(tmp_path):
     for m, stage in ((test, "test"), (val, "val")):
         assert m[f"{stage}/acc"] == pytest.approx(micro, abs=1e-6)
         assert m[f"{stage}/f1"] == pytest.approx(macro_f1, abs=1e-6)
+
+
+def test_the_epoch_train_loss_is_the_mean_over_real_rows(tmp_path):
+    # batches of 8 rows with mean loss 1.0 and of 4 rows with mean loss 4.0: (8 * 1 + 4 * 4) / 12 = 2.0 (the mean
+    # of the two batch means, 2.5, is what an unweighted mean gives)
+    module = TextClassifier(30, C, embed_dim=8, num_heads=2, ffn_dim=16, dropout=0.0)
+    means = iter([1.0, 4.0])
+
+    def forward_loss(input_ids, attention_mask, labels, smoothing):
+        logits = module.model(input_ids, attention_mask).logits
+        return logits.sum() * 0 + next(means), logits
+
+    module._forward_loss = forward_loss
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, max_epochs=1,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                         limit_val_batches=0)
+    trainer.fit(module, train_dataloaders=DataLoader(_toy_set()[:12], batch_size=8))
+    assert trainer.callback_metrics["train/loss_epoch"].item() == pytest.approx(2.0)
+
+
+def test_filler_rows_do_not_weigh_in_the_epoch_train_loss():
+    from identifiable_transformers.modules.metrics import WeightedMean
+
+    metric = WeightedMean()
+    metric.update(torch.tensor(1.0), torch.tensor(8))
+    metric.update(torch.tensor(4.0), torch.tensor(4))  # a filled batch of 8 rows, 4 of them real
+    assert metric.compute().item() == pytest.approx(2.0)
+    assert set(metric._defaults) == {"mean_value", "weight"}  # MeanMetric's states: old checkpoints load

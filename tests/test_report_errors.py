@@ -117,6 +117,44 @@ def test_a_sweep_with_failed_jobs_names_them(tmp_path, capsys):
         "\nFailed jobs (no metrics.json, left out): 1, 10\n")
 
 
+def _multirun_yaml(sweep: Path, task: list[str], params: dict | None = None,
+                   sweeper: str = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper") -> None:
+    """The parts of Hydra's multirun.yaml the count reads: the sweeper, its params, the command line's overrides."""
+    import yaml
+
+    record = {"hydra": {"sweeper": {"_target_": sweeper, "max_batch_size": None, "params": params},
+                        "overrides": {"hydra": ["hydra.mode=MULTIRUN"], "task": task}}, "seed": 42}
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump(record))
+
+
+def test_a_sweep_with_jobs_missing_from_multirun_yaml_names_them(tmp_path, capsys):
+    from identifiable_transformers.report.runs import expected_jobs
+
+    sweep = tmp_path / "sweep"
+    for name in ("0", "1", "2", "5"):
+        _job(sweep, name, 0.7)
+    _multirun_yaml(sweep, ["model.key_dim=2,4", "trainer=cpu"], params={"seed": "1,2,3,4"})  # 2 x 4 = 8 jobs
+    assert expected_jobs(sweep) == 8
+    assert main([str(sweep), "--out", str(tmp_path / "out"), "--no-key-aware"]) == 0
+    captured = capsys.readouterr()
+    assert ("warning: multirun.yaml lists 8 jobs; 4 have no folder (never started, or removed), left out: 3, 4, 6, 7"
+            in captured.err), captured.err
+    assert captured.out.splitlines()[-1].startswith("4 runs, 4 missing job(s) (3, 4, 6, 7), ")
+    assert "Missing jobs (listed in multirun.yaml, no folder): 3, 4, 6, 7" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_jobs_are_counted_only_where_the_sweep_can_be(tmp_path):
+    from identifiable_transformers.report.runs import expected_jobs
+
+    assert expected_jobs(tmp_path) is None  # no multirun.yaml
+    _multirun_yaml(tmp_path, ["model.key_dim=range(2,8,2)", "seed=1,2"])
+    assert expected_jobs(tmp_path) == 3 * 2
+    _multirun_yaml(tmp_path, ["model.key_dim=2"])
+    assert expected_jobs(tmp_path) == 1
+    _multirun_yaml(tmp_path, ["seed=1,2"], sweeper="hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper")
+    assert expected_jobs(tmp_path) is None  # its trial count, not a grid
+
+
 def test_full_error_shows_the_traceback(tmp_path, monkeypatch):
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
     with pytest.raises(FileNotFoundError, match="does not exist"):

@@ -70,3 +70,41 @@ def test_evaluating_records_the_optimisation_settings_the_weights_were_trained_w
         assert (record["lr"], record["warmup_steps"]) == (hp["lr"], hp["warmup_steps"])
     with pytest.raises(UserError, match=r"model.activation 'relu' -> 'gelu'.*Pass the settings it was trained with"):
         run(make_cfg("train=false", f"ckpt_path={last}", "model.activation=gelu", out="other"))
+
+
+RUN_CHANGES = [  # each changes what training computes, or which checkpoint is the best; none is a model setting
+    ({"seed": 7}, "seed 42 -> 7", "seed=42"),
+    ({"trainer.accumulate_grad_batches": 2}, "trainer.accumulate_grad_batches 1 -> 2", "trainer.accumulate_grad_batches=1"),
+    ({"trainer.gradient_clip_val": 0.01}, "trainer.gradient_clip_val 1.0 -> 0.01", "trainer.gradient_clip_val=1.0"),
+    ({"trainer.precision": "bf16-mixed"}, "trainer.precision '32-true' -> 'bf16-mixed'", "trainer.precision=32-true"),
+    ({"trainer.limit_train_batches": 3}, "trainer.limit_train_batches 4 -> 3", "trainer.limit_train_batches=4"),
+    ({"callbacks.model_checkpoint.monitor": "val/f1"}, "callbacks.model_checkpoint.monitor 'val/acc' -> 'val/f1'",
+     "callbacks.model_checkpoint.monitor=val/acc"),
+]
+
+
+@pytest.mark.parametrize("changes, named, original", RUN_CHANGES)
+def test_resuming_with_other_run_settings_is_refused_naming_them(make_cfg, trained, tmp_path, changes, named,
+                                                                  original):
+    last, _ = trained
+    with pytest.raises(UserError) as err:
+        run(make_cfg("callbacks=[model_checkpoint,last_checkpoint]", f"ckpt_path={last}",
+                     *(f"{k}={v}" for k, v in changes.items()), out="resumed"))
+    message = str(err.value)
+    assert named in message and f"Resume with the original values ({original})" in message, message
+    assert [p.name for p in (tmp_path / "resumed").iterdir()] == [".run.lock"]  # refused before any work
+
+
+def test_a_longer_run_is_applied_from_the_resumed_step_and_recorded(make_cfg, trained, tmp_path):
+    last, _ = trained
+    step = torch.load(last, map_location="cpu", weights_only=True)["global_step"]
+    assert step == 4  # one epoch of 4 batches (conftest FAST)
+    result = run(make_cfg("callbacks=[model_checkpoint,last_checkpoint]", f"ckpt_path={last}", "trainer.max_epochs=2",
+                          "test=false", out="longer"))
+    assert result["epochs_run"] == 2
+    recorded = json.loads((tmp_path / "longer" / "metrics.json").read_text())["resume_changes"]
+    assert recorded == [{"step": 4, "changes": {"trainer.max_epochs": [1, 2]}}]
+    # the record travels on: the longer run's own checkpoint holds the new value and the change
+    saved = torch.load(tmp_path / "longer" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert saved["global_step"] == 8 and saved["run_settings"]["settings"]["trainer.max_epochs"] == 2
+    assert saved["run_settings"]["changes"] == recorded

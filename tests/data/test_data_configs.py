@@ -12,7 +12,7 @@ REQUIRED = {"_target_", "name", "source", "hub_id", "hub_config", "package_subse
             "validation_file", "test_file", "text_fields", "text_separator", "label_field", "label_names",
             "num_classes", "splits", "val_fraction", "test_fraction", "split_seed", "max_length", "vocab_size",
             "min_frequency", "batch_size", "eval_batch_size", "num_workers", "length_bucketing", "cache_dir",
-            "limit_train_examples", "rationale_field", "synthetic"}
+            "limit_train_examples", "rationale_field", "synthetic", "tokenizer_file"}
 
 
 def test_one_config_per_known_dataset():
@@ -84,3 +84,12 @@ def test_composed_config_has_the_documented_values(name):
         task = {"synthetic_contrast": "order", "synthetic_contrast_pair": "pair"}.get(  # on longer inputs
             name, name.removeprefix("synthetic_"))
         assert cfg["synthetic"]["task"] == task
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN_DATASETS))
+def test_the_documented_tokenizer_file_override_composes(name):
+    # docs/data.md and the "another tokenizer" error say data.tokenizer_file=PATH (no '+'): every data config has it
+    assert _composed(name).tokenizer_file is None
+    with initialize_config_dir(config_dir=str(CONF.parent), version_base="1.3"):
+        cfg = compose("train", overrides=[f"data={name}", "callbacks=none", "data.tokenizer_file=/runs/a/tokenizer.json"])
+    assert cfg.data.tokenizer_file == "/runs/a/tokenizer.json"

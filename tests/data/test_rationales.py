@@ -77,6 +77,17 @@ def test_jsonl_lists_of_integers_are_accepted(tmp_path, write_rows):
     assert dm.rationales("train", [0, 1, 2]) == [[2, 3, 5, 6], [2, 5], []]
 
 
+def test_jsonl_single_integers_with_nulls_are_indices(tmp_path, write_rows):
+    # pandas reads a column of integers with nulls as floats (3.0, NaN): an integral float is an index
+    cells = {0: 3, 1: 1, 3: 0}
+    rows = [dict(r, r=cells.get(i)) for i, r in enumerate(_rows())]
+    dm = _dm(tmp_path, write_rows, rows, fmt="jsonl")
+    assert dm.rationales("train", [0, 1, 2, 3, 4]) == [[5, 6], [2], [], [1], []]
+    rows[1]["r"] = 1.5  # a fraction is no index
+    with pytest.raises(ValueError, match=r"the cell 1\.5 in the train split .* is not a list of integers"):
+        _dm(tmp_path, write_rows, rows, fmt="jsonl")
+
+
 def test_truncated_rationale_tokens_are_left_out(tmp_path, write_rows):
     dm = _dm(tmp_path, write_rows, _rows(), max_length=4)  # <cls> great movie ,
     assert dm.rationales("train", [0]) == [[2, 3]]

@@ -5,6 +5,7 @@ of the generator's bookkeeping."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 
@@ -361,3 +362,34 @@ def test_config_checks_refuse_the_synthetic_mistakes_before_any_data(override, e
     with pytest.raises(ConfigError) as err:
         check_data(cfg)
     assert str(err.value).startswith(expected), str(err.value)
+
+
+@pytest.mark.parametrize("data, overrides, cut", [
+    ("synthetic_contrast", ["data.synthetic.max_length=101"], "data.synthetic.max_length<=63 or data.max_length>=102"),
+    ("synthetic_order", ["data.synthetic.min_length=131", "data.synthetic.max_length=511", "data.synthetic.min_gap=65",
+                         "data.max_length=128"], "data.synthetic.max_length<=127 or data.max_length>=512"),
+])
+def test_sentences_longer_than_data_max_length_are_refused(data, overrides, cut):
+    """The issue's two cases. The reference: rows whose evidence lies past the cut (a word at index i is token i + 1,
+    after <cls>), counted from the generated text alone; the largest sentence length that fits is accepted."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from identifiable_transformers.common.errors import ConfigError
+    from identifiable_transformers.run.config_checks import check_data
+
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose("train", overrides=[f"data={data}", *overrides, "callbacks=none", "logger=none",
+                                          "paths.cache_dir=/unused"])
+    synthetic = OmegaConf.to_container(cfg.data.synthetic)
+    spec = SyntheticSpec.from_config({**synthetic, "size": 200})
+    rows = generate(spec)
+    lost = sum(1 for r in rows.itertuples() if max(map(int, r.rationale.split())) + 1 >= cfg.data.max_length)
+    assert lost > 0  # what the refusal prevents: rows whose label's keyword is cut off
+    with pytest.raises(ConfigError, match=f"longer than data.max_length={cfg.data.max_length}.*Pass {cut}"):
+        check_data(cfg)
+    fits = cfg.data.max_length - 1
+    dataclasses.replace(spec, max_length=fits).check_fits(cfg.data.max_length)  # no error: the longest that fits

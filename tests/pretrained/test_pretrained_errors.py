@@ -1,6 +1,7 @@
 """model=pretrained's user mistakes end with one clear message naming the fix, before any data is prepared."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,8 +54,14 @@ def test_an_architecture_without_an_adapter(make_cfg, tmp_path):
 
 
 def test_max_length_beyond_the_models_positions(make_cfg, tiny_bert):
-    with pytest.raises(ValueError, match=r"model.max_len: max_len=200 \(data.max_length\) is longer than the 130 "):
+    with pytest.raises(ValueError, match=r"^data.max_length \(model.max_len follows it\): max_len=200 is longer than "
+                                         r"the 130 "):
         check_config(make_cfg(*BASE, f"model.name_or_path={tiny_bert}", "data.max_length=200", fast=False))
+
+
+def test_model_max_len_set_alone_is_the_key_named(make_cfg, tiny_bert):
+    with pytest.raises(ValueError, match=r"^model.max_len: max_len=600 is longer than the 130 tokens .* set it to 130"):
+        check_config(make_cfg(*BASE, f"model.name_or_path={tiny_bert}", "model.max_len=600", fast=False))
 
 
 def test_an_uncached_hub_id_fails_fast_offline(make_cfg, monkeypatch):
@@ -91,3 +98,39 @@ def test_a_checkpoint_rebuilds_without_the_original_folder(tiny_bert, tmp_path):
     rebuilt.load_state_dict(module.state_dict())
     ids = torch.tensor([[2, 10, 11, 3]])
     torch.testing.assert_close(rebuilt.eval()(ids).logits, module.eval()(ids).logits)
+
+
+@pytest.mark.parametrize("name, cut, match", [
+    ("config.json", lambda b: b[: len(b) // 2], r"config\.json is not valid JSON \(.*\): the file is damaged"),
+    ("model.safetensors", lambda b: b[: len(b) // 2], r"model\.safetensors cannot be read \(.*\): the file is damaged"),
+])
+def test_a_damaged_file_of_the_folder_is_named_in_one_error_line(tiny_bert, tmp_path, name, cut, match):
+    folder = _copy(tiny_bert, tmp_path / "damaged", ())
+    (folder / name).write_bytes(cut((folder / name).read_bytes()))
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *BASE, f"model.name_or_path={folder}",
+                           f"paths.log_dir={tmp_path}/logs"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("Error: ") and re.search(match, lines[-1]), proc.stderr[-3000:]
+    assert f"model.name_or_path={folder}" in lines[-1]
+
+
+@pytest.mark.parametrize("name, data, match", [("model.safetensors", b"12345", r"model\.safetensors cannot be read"),
+                                               ("tokenizer.json", b"{", r"tokenizer\.json is not valid JSON")])
+def test_every_damaged_file_is_named_before_the_data(make_cfg, tiny_bert, tmp_path, name, data, match):
+    folder = _copy(tiny_bert, tmp_path / "damaged", ())
+    (folder / name).write_bytes(data)
+    with pytest.raises(ValueError, match=match):
+        check_config(make_cfg(*BASE, f"model.name_or_path={folder}", fast=False))
+
+
+def test_a_home_folder_is_written_quoted_as_the_docs_say(make_cfg):
+    from hydra.errors import OverrideParseException
+
+    from identifiable_transformers.hf.loading import is_local
+
+    with pytest.raises(OverrideParseException):
+        make_cfg(*BASE, "model.name_or_path=~/models/x", fast=False)  # unquoted: Hydra's parse error, so the docs say quote it
+    cfg = make_cfg(*BASE, 'model.name_or_path="~/models/x"', fast=False)  # docs/pretrained.md's form
+    assert cfg.model.name_or_path == "~/models/x" and is_local(cfg.model.name_or_path)

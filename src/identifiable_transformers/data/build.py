@@ -14,7 +14,7 @@ import numpy as np
 
 from ..common.errors import Interrupted
 from ..common.files import DiskFullError, free_space, is_disk_full
-from ..common.interrupts import workers_leave_ctrl_c_to_the_parent
+from ..common.interrupts import Terminated, received_sigterm, workers_leave_ctrl_c_to_the_parent
 from . import prepare as P
 from . import sources as S
 from .cache import _hash_file
@@ -103,6 +103,8 @@ class CacheBuilder:
                 except BaseException:
                     if ctrl_c.pressed:  # datasets waits for the pool in a `finally` and raises a TimeoutError
                         raise KeyboardInterrupt from None
+                    if received_sigterm():  # the same for SIGTERM (a scheduler's stop), noted by its handler
+                        raise Terminated(signal.SIGTERM) from None
                     raise
         finally:
             if procs:
@@ -151,6 +153,9 @@ class CacheBuilder:
         except KeyboardInterrupt:
             raise Interrupted(signal.SIGINT, f"Ctrl-C while building the tokenized data of {self.name!r}: nothing was "
                               f"kept in the cache ({self.cache_dir}); run the command again to build it.") from None
+        except Terminated:
+            raise Interrupted(signal.SIGTERM, f"SIGTERM while building the tokenized data of {self.name!r}: nothing "
+                              f"was kept in the cache ({self.cache_dir}); run the command again to build it.") from None
         except OSError as e:
             if not is_disk_full(e):
                 raise

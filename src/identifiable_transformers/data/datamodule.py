@@ -143,6 +143,7 @@ class TextDataModule(CacheBuilder, RationaleAccess, Batching, pl.LightningDataMo
         self.synthetic = SyntheticSpec.from_config(_plain(synthetic)) if source == "synthetic" else None
         if self.synthetic is not None:
             self.synthetic.check_vocabulary(int(vocab_size))
+            self.synthetic.check_fits(int(max_length))
         self.rationale_field = str(rationale_field) if rationale_field else None
         if int(max_length) < 2:
             raise ValueError(f"max_length={max_length} is too small: set data.max_length >= 2 (<cls> and a token).")

@@ -32,6 +32,8 @@ def _cell_indices(v: Any) -> list[int] | None:
         return None
     if isinstance(v, (int, np.integer)):
         return [int(v)]
+    if isinstance(v, (float, np.floating)) and float(v).is_integer():
+        return [int(v)]  # pandas reads a column of integers with empty cells as floats: 3.0 is the index 3
     if isinstance(v, str):
         parts = v.split()
         return [int(p) for p in parts] if all(re.fullmatch(r"[+-]?\d+", p) for p in parts) else None

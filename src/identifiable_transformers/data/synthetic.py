@@ -148,6 +148,18 @@ class SyntheticSpec:
                 f"{specials} special tokens, so words would be read as <unk>: pass data.vocab_size>={need} "
                 "(or fewer words: data.synthetic.vocab, num_classes, keywords_per_class).")
 
+    def check_fits(self, max_length: int) -> None:
+        """Refuse sentences longer than ``data.max_length`` tokens: the tokens past it are cut, and with them, on
+        some rows, the keywords that decide the label (a row then keeps its label without its evidence). Each word
+        is one token of the project's tokenizer, after ``<cls>``; a pretrained tokenizer splits words into one or
+        more pieces, so the words must fit there too."""
+        need = self.max_length + 1  # <cls> and the longest sentence's words
+        if need > max_length:
+            raise ValueError(
+                f"synthetic: sentences of up to max_length={self.max_length} words are {need} tokens with <cls>, "
+                f"longer than data.max_length={max_length}: the cut would drop the keywords that decide the label "
+                f"on some rows. Pass data.synthetic.max_length<={max_length - 1} or data.max_length>={need}.")
+
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["num_keywords"] = list(self.num_keywords)

@@ -47,8 +47,8 @@ class PretrainedClassifier(nn.Module):
         positions = family.max_tokens(config)
         if max_len is not None and max_len > positions:
             raise ValueError(
-                f"max_len={max_len} (data.max_length) is longer than the {positions} tokens this "
-                f"{config.model_type} model has positions for: set data.max_length<={positions}")
+                f"max_len={max_len} is longer than the {positions} tokens this {config.model_type} model has "
+                f"positions for: set it to {positions} or less")
         self.max_len = int(max_len or positions)
         self.pad_id = int(pad_id if pad_id is not None else (config.pad_token_id or 0))
         layers = family.layers(encoder)
@@ -183,8 +183,8 @@ def build_pretrained_classifier(name_or_path: str, num_classes: int, *, pooling:
     family = family_for(config, f"{what}={name_or_path}")
     positions = family.max_tokens(config)
     if max_len is not None and max_len > positions:
-        raise ValueError(f"max_len={max_len} (data.max_length) is longer than the {positions} tokens "
-                         f"{name_or_path} has positions for: set data.max_length<={positions}")
+        raise ValueError(f"max_len={max_len} is longer than the {positions} tokens {name_or_path} has positions "
+                         f"for: set it to {positions} or less")
     meta = torch.empty(0).device.type == "meta"
     if hf_config is not None or meta:
         encoder = AutoModel.from_config(config, attn_implementation=ATTENTION)

@@ -10,6 +10,7 @@ Every failure here names ``what`` (the config key) and the fix.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 from pathlib import Path
@@ -45,7 +46,30 @@ def check_folder(path: str, what: str, weights: bool = True) -> Path:
     if weights and not any((p / f).is_file() for f in WEIGHT_FILES):
         raise ValueError(f"{what}={path} has a config.json but no weights ({' or '.join(WEIGHT_FILES[::2])}): "
                          "save the model with save_pretrained(), or point at the folder that holds its weights")
+    _check_files(p, what, weights)
     return p
+
+
+_DAMAGED = "the file is damaged or cut short: copy the folder again, or save the model again with save_pretrained()"
+
+
+def _check_files(p: Path, what: str, weights: bool) -> None:
+    """Every JSON file of the folder parses, and (with ``weights``) every safetensors file's header covers the
+    file: a damaged file is named here, not deep inside transformers' or safetensors' loaders."""
+    for f in sorted(p.glob("*.json")):
+        try:
+            json.loads(f.read_bytes())
+        except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+            raise ValueError(f"{what}={p}: {f.name} is not valid JSON ({e}): {_DAMAGED}") from None
+    if weights:
+        from safetensors import SafetensorError, safe_open
+
+        for f in sorted(p.glob("*.safetensors")):
+            try:
+                with safe_open(str(f), framework="pt"):
+                    pass  # reads and checks the header only
+            except SafetensorError as e:
+                raise ValueError(f"{what}={p}: {f.name} cannot be read ({e}): {_DAMAGED}") from None
 
 
 @contextlib.contextmanager

@@ -21,11 +21,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
-from torchmetrics import MaxMetric, MeanMetric, MetricCollection
+from torchmetrics import MaxMetric, MetricCollection
 
 from ..models import TransformerClassifier
 from .checkpoint import CheckpointError, read_checkpoint
-from .metrics import IGNORE_INDEX, Accuracy, F1Score
+from .metrics import IGNORE_INDEX, Accuracy, F1Score, WeightedMean
 
 SCHEDULERS = ("constant", "linear", "cosine")
 _FUSED_ADAMW_DEVICES = ("cpu", "cuda", "mps", "xpu")
@@ -96,9 +96,8 @@ class ClassifierModule(pl.LightningModule):
         self.train_metrics = metrics.clone(prefix="train/")
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
-        # train/loss_epoch; Lightning's own running means are not checkpointed. No NaN check: it would make the host
-        # wait for the device at every step (a NaN loss then shows in the epoch's mean).
-        self.train_loss = MeanMetric(nan_strategy="disable")
+        # train/loss_epoch, weighted by the real rows; Lightning's own running means are not checkpointed.
+        self.train_loss = WeightedMean()
         self.val_acc_best = MaxMetric()
         # Checkpointed, so that a run resumed mid-epoch reports the same epoch metrics and best accuracy.
         for metric in (self.train_metrics, self.train_loss, self.val_acc_best):

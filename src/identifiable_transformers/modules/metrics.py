@@ -11,6 +11,7 @@ nothing.
 from __future__ import annotations
 
 import torch
+from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from ..data.batching import IGNORE_INDEX  # -100, F.cross_entropy's default: a padding row's label
@@ -52,3 +53,16 @@ class F1Score(_SyncFreeUpdate, MulticlassF1Score):
 
     def __init__(self, num_classes: int, average: str = "macro"):
         super().__init__(num_classes, average=average, ignore_index=IGNORE_INDEX, validate_args=False)
+
+
+class WeightedMean(MeanMetric):
+    """The mean of ``value`` weighted by ``weight`` (a batch's mean loss by its real rows), with no NaN check: the
+    check would make the host wait for the device at every step (a NaN then shows in the mean). torchmetrics'
+    ``MeanMetric(nan_strategy="disable")`` replaces every weight with 1 (an unweighted mean of the batches); this
+    keeps its states (``mean_value``: the weighted sum, ``weight``), so checkpoints keep their keys."""
+
+    def update(self, value: torch.Tensor | float, weight: torch.Tensor | float = 1.0) -> None:
+        value = torch.as_tensor(value, device=self.device).to(self.dtype)
+        weight = torch.broadcast_to(torch.as_tensor(weight, device=self.device).to(self.dtype), value.shape)
+        self.mean_value += (value * weight).sum()
+        self.weight += weight.sum()

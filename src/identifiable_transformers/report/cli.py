@@ -25,7 +25,7 @@ from .lengths import length_table
 from .markdown import markdown_table
 from .plots import plot, plot_key_aware
 from .run_files import default_key_aware_lengths, usable
-from .runs import GROUP, ReportWarning, failed_jobs, load_runs, summarise, to_markdown
+from .runs import GROUP, ReportWarning, expected_jobs, failed_jobs, load_runs, missing_jobs, summarise, to_markdown
 
 DESCRIPTION = ("Aggregate a sweep: python -m identifiable_transformers.report SWEEP_DIR [--out DIR] [--overwrite] "
                "[--no-key-aware] [--key-aware-lengths N,N,...] [--cache-dir DIR]")
@@ -76,6 +76,10 @@ def _report(args: argparse.Namespace) -> None:
     if failed:
         warnings.warn(f"{len(failed)} job(s) have no metrics.json (failed or unfinished), left out: "
                       f"{', '.join(failed)}", ReportWarning, stacklevel=2)
+    missing = missing_jobs(args.sweep_dir)
+    if missing:
+        warnings.warn(f"multirun.yaml lists {expected_jobs(args.sweep_dir)} jobs; {len(missing)} have no folder "
+                      f"(never started, or removed), left out: {', '.join(missing)}", ReportWarning, stacklevel=2)
     out = ensure_output_dir(args.out or args.sweep_dir, "--out")
     earlier = [name for name in REPORT_FILES if (out / name).exists()]
     if earlier and not args.overwrite:
@@ -84,6 +88,7 @@ def _report(args: argparse.Namespace) -> None:
     table = summarise(runs)
     atomic_write(out / "results.csv", runs.drop(columns=["_dir", "_best_model_path"]).to_csv(index=False))
     footnote = f"\nFailed jobs (no metrics.json, left out): {', '.join(failed)}\n" if failed else ""
+    footnote += f"\nMissing jobs (listed in multirun.yaml, no folder): {', '.join(missing)}\n" if missing else ""
     atomic_write(out / "results.md", to_markdown(table) + footnote)
     written = [out / "results.md", out / "results.csv"]
     faith = faithfulness_table(runs)
@@ -139,6 +144,7 @@ def _report(args: argparse.Namespace) -> None:
     for note in notes:
         print(f"note: {note}")
     failed_text = f", {len(failed)} failed job(s) left out ({', '.join(failed)})" if failed else ""
+    failed_text += f", {len(missing)} missing job(s) ({', '.join(missing)})" if missing else ""
     print(f"{len(runs)} runs{failed_text}, {len(table)} configurations -> {', '.join(str(p) for p in written)}, "
           f"{', '.join(p.name for p in plots)}")
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from ..common.files import atomic_write
+from ..common.progress import stage, track
 from .runs import GROUP, ReportWarning
 
 KEY_AWARE_LENGTHS = (16, 64, 256)
@@ -132,7 +134,8 @@ def ensure_key_aware(runs: pd.DataFrame, compute: bool = True, cache_dir: str | 
     data settings) or whose data cannot be rebuilt here is skipped with a warning; the other runs go on."""
     notes, cache = [], {}
     targets = [int(t) for t in targets]
-    for _, r in runs.iterrows():
+    terminal = sys.stderr.isatty()  # a bar on a terminal, else lines (stdout, as the report's summary)
+    for _, r in track(runs.iterrows(), "key-aware counts (runs)", total=len(runs), bar=terminal, say=_say):
         path = Path(r["_dir"]) / "identifiability" / "key_aware.json"
         if path.is_file() and json.loads(path.read_text()).get("targets", targets) == targets:
             continue
@@ -154,12 +157,16 @@ def ensure_key_aware(runs: pd.DataFrame, compute: bool = True, cache_dir: str | 
                          f"model max_len {module.model.max_len})")
         if batch is None:
             continue
-        print(f"key-aware count: {r['run']} ({ckpt.name}, lengths {[n for _, n in picked]})", flush=True)
-        counts = key_aware_counts(module.model, batch["input_ids"], batch["attention_mask"])
+        with stage(f"key-aware count: {r['run']} ({ckpt.name}, lengths {[n for _, n in picked]})", say=_say):
+            counts = key_aware_counts(module.model, batch["input_ids"], batch["attention_mask"])
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, json.dumps({"checkpoint": str(ckpt), "split": "validation", "targets": targets,
                                        "indices": [i for i, _ in picked], **counts}))
     return notes
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 def _load_module(ckpt: Path):
@@ -197,7 +204,8 @@ def key_aware_table(runs: pd.DataFrame) -> pd.DataFrame | None:
     with no alternative and the share of unresolved heads (margin < UNRESOLVED_MARGIN, decided from the stored
     margins, so files written before the threshold existed are judged the same way)."""
     rows = []
-    for _, r in runs.iterrows():
+    terminal = sys.stderr.isatty()  # a bar on a terminal, else lines (stdout, as the report's summary)
+    for _, r in track(runs.iterrows(), "key-aware counts (runs)", total=len(runs), bar=terminal, say=_say):
         path = Path(r["_dir"]) / "identifiability" / "key_aware.json"
         if not path.is_file():
             continue

@@ -62,6 +62,41 @@ def failed_jobs(sweep_dir: Path) -> list[str]:
     return sorted((str(j.relative_to(sweep_dir)) or "." for j in jobs - done), key=_natural)
 
 
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def expected_jobs(sweep_dir: Path) -> int | None:
+    """How many jobs the sweep's ``multirun.yaml`` (Hydra's record of the sweep) lists: the product of the sizes of
+    its sweeps (``key=a,b,c``, ``range(...)``; the command line's and ``hydra.sweeper.params``). None when there is
+    no such file, or another sweeper (Optuna: its trial count) or a sweep this cannot count."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    record = Path(sweep_dir) / "multirun.yaml"
+    if not record.is_file():
+        return None
+    try:
+        hydra = OmegaConf.load(record).hydra
+        if OmegaConf.select(hydra, "sweeper._target_") != BASIC_SWEEPER:
+            return None
+        params = OmegaConf.to_container(hydra.sweeper.params) if hydra.sweeper.get("params") else {}
+        overrides = [*hydra.overrides.task, *(f"{k}={v}" for k, v in params.items())]
+        count = 1
+        for o in OverridesParser.create().parse_overrides(overrides):
+            if o.is_sweep_override():
+                count *= len(list(o.sweep_string_iterator()))
+        return count
+    except Exception:  # noqa: BLE001 - a record this cannot read: the count is only a hint
+        return None
+
+
+def missing_jobs(sweep_dir: Path) -> list[str]:
+    """The jobs ``multirun.yaml`` lists (numbered 0..N-1, Hydra's default ``hydra.sweep.subdir``) that have no
+    folder at all: never started, or deleted. Empty when the count is unknown."""
+    n = expected_jobs(sweep_dir)
+    return [] if n is None else [str(i) for i in range(n) if not (Path(sweep_dir) / str(i)).exists()]
+
+
 def _numbers(metrics: dict) -> dict:
     """The metrics the tables use, each a number or null; anything else is not train.py's metrics.json."""
     used = {*COLUMNS.values(), *(k for k in metrics if k.startswith(PER_RUN_PREFIXES))}

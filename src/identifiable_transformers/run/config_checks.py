@@ -252,6 +252,8 @@ def check_model(cfg: DictConfig) -> None:
         if _raised_in(e, set()):
             name = re.match(r"\w+", str(e))  # the model's messages start with the argument's name
             key = f"model.{name.group()}" if name and name.group() in values else "model"
+            if key == "model.max_len" and OmegaConf.is_interpolation(cfg.model, "max_len"):
+                key = "data.max_length (model.max_len follows it)"  # name the key the user set
             raise ConfigError(f"{key}: {e}") from e
         log.debug("dry model build skipped: %r", e)  # not ours to explain; the real build will tell
     except Exception as e:  # the check must never fail a run that the real build would accept

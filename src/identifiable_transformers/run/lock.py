@@ -56,7 +56,11 @@ def lock_run_folder(folder: str | os.PathLike, key: str = "hydra.run.dir") -> bo
     if k in _held or launched_rank() != 0:
         return False  # held already; or another rank of the same run (Lightning's DDP children, SLURM tasks)
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except IsADirectoryError:
+        raise UserError(f"the run folder {folder} holds a folder named {LOCK_NAME} where the run's lock file belongs: "
+                        f"remove it (rmdir {folder / LOCK_NAME}), or pass another {key}=DIR.") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

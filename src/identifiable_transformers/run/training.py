@@ -41,6 +41,7 @@ from .checks import (
 from .config_checks import check_config
 from .history import MetricsHistory
 from .lock import unlock_run_folder
+from .run_settings import RunSettingsRecord, check_resume_run_settings, training_settings
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +130,12 @@ def _ctrl_c(cfg: DictConfig, output_dir: Path, state: dict) -> Interrupted:
 
 def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
     ckpt_path = cfg.get("ckpt_path")
-    ckpt = None
+    ckpt, resume_changes = None, []
     if ckpt_path:  # refused here with a clear message, before Lightning meets a damaged or foreign file
         ckpt, _ = read_checkpoint(ckpt_path, what="ckpt_path")
         check_resume_batch_size(cfg, ckpt, ckpt_path)
         check_resume_settings(cfg, ckpt, ckpt_path)  # training: any other setting is refused
+        resume_changes = check_resume_run_settings(cfg, ckpt, ckpt_path)  # seed, trainer, callbacks: the same
         adopted = adopt_evaluation_settings(cfg, ckpt)  # evaluation: record the settings the weights were trained with
         if adopted:
             log.warning("train=false: recording the checkpoint's own %s (this run's values apply to training only)",
@@ -174,7 +176,8 @@ def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
         del ckpt
     loggers = build_loggers(cfg)
     history = MetricsHistory(output_dir)  # metrics_history.csv: always, whatever the callbacks config
-    callbacks = [*_instantiate_dict(cfg.get("callbacks")), history]
+    callbacks = [*_instantiate_dict(cfg.get("callbacks")), history,
+                 RunSettingsRecord(training_settings(cfg), resume_changes)]
     # Lightning refuses these without a logger / with the bar disabled: drop them instead of failing.
     if cfg.trainer.get("enable_progress_bar") is False:
         callbacks = [c for c in callbacks if not isinstance(c, pl.callbacks.ProgressBar)]
@@ -244,6 +247,7 @@ def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
             "epochs_run": trainer.current_epoch,
             "runtime_s": round(time.time() - start, 2),
             "params": params,
+            **({"resume_changes": resume_changes} if resume_changes else {}),
             "config": {
                 "data": cfg.data.get("name"), "seed": cfg.get("seed"),
                 "model": {**model_kwargs, **getattr(model, "architecture", {})},  # a pretrained encoder's shape

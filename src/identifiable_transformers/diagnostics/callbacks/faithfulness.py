@@ -15,6 +15,7 @@ also logs a ``wandb.Table`` of the probe explanations and the end-of-fit metrics
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 
 from ...common.files import atomic_write
+from ...common.progress import bar_on, stage
 from ...tracking.wandb_logging import wandb_loggers
 from ..faithfulness import (
     CHEAP_EXPLAINERS,
@@ -169,7 +171,8 @@ class FaithfulnessCallback(pl.Callback):
         probe = self._probe(trainer, pl_module)
         if not trainer.is_global_zero:
             return
-        report, metrics = self._score(pl_module, probe)
+        with stage(f"Faithfulness diagnostics (epoch {trainer.current_epoch})", bar=bar_on(trainer)):
+            report, metrics = self._score(pl_module, probe)
         for key, value in metrics.items():
             pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
         self.last_report, self.last_metrics, self.last_epoch = report, metrics, trainer.current_epoch
@@ -222,8 +225,9 @@ class FaithfulnessCallback(pl.Callback):
         examples_extra: dict[str, Any] = {}
         if self.final:
             t0 = time.perf_counter()
-            shown = trainer.progress_bar_callback is not None  # no bar when the trainer shows none
-            extra, examples_extra = self._expensive(pl_module, probe, show_progress=shown)
+            shown = bar_on(trainer)  # its own bar, with a unit per part; else the stage's lines
+            with contextlib.nullcontext() if shown else stage("Faithfulness (end of fit)"):
+                extra, examples_extra = self._expensive(pl_module, probe, show_progress=shown)
             final_metrics.update(extra)
             final_metrics[f"{PREFIX}/final/compute_s"] = time.perf_counter() - t0
         self.final_metrics = final_metrics

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ...common.files import atomic_write
+from ...common.progress import bar_on, stage
 from ...tracking.wandb_logging import log_epoch_media, logged_step, wandb_loggers
 from ..maths import attention_identifiability, identifiable_length
 from .media import IdentifiabilityMedia, _render, attention_image  # noqa: F401 (re-exported)
@@ -293,6 +294,10 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         probe = self._ensure_probe(trainer, pl_module)
         if not trainer.is_global_zero:
             return
+        with stage(f"Identifiability diagnostics (epoch {trainer.current_epoch})", bar=bar_on(trainer)):
+            self._epoch_diagnostics(trainer, pl_module, probe)
+
+    def _epoch_diagnostics(self, trainer: pl.Trainer, pl_module: pl.LightningModule, probe: dict[str, Any]) -> None:
         t0 = time.perf_counter()
         batch = probe["batch"]
         report = attention_identifiability(

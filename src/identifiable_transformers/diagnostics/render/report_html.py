@@ -16,13 +16,11 @@ stderr is a terminal, else a log line every tenth of them.
 from __future__ import annotations
 
 import base64
-import contextlib
 import html
 import json
 import logging
 import math
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from typing import Any
 import torch
 
 from ...common.files import atomic_write
+from ...common.progress import stage
 from ..maths import attention_identifiability, identifiable_length, key_aware_alternative_dims
 from ..maths.key_aware import UNRESOLVED_MARGIN
 
@@ -38,13 +37,9 @@ __all__ = ["build_report", "tokens_for_batch"]
 log = logging.getLogger(__name__)
 
 
-@contextlib.contextmanager
-def _stage(what: str) -> Iterator[None]:
-    """Log ``what`` as it starts and its time when it ends."""
-    log.info("%s ...", what)
-    t0 = time.perf_counter()
-    yield
-    log.info("%s: done in %.1f s", what, time.perf_counter() - t0)
+def _stage(what: str):
+    """Log ``what`` as it starts and its time when it ends (to this module's logger)."""
+    return stage(what, say=log.info)
 
 
 def _examples(n: int) -> Iterator[int]:

@@ -149,7 +149,8 @@ def _main_hf(cfg: DictConfig) -> str:
     _check_num_examples(cfg)
     if cfg.get("output_dir"):
         ensure_output_dir(cfg.output_dir, "output_dir")
-    model, hf_tokenizer = load_hf_classifier(str(cfg.hf_model), what="hf_model")
+    model, hf_tokenizer = load_hf_classifier(str(cfg.hf_model), what="hf_model",
+                                             score_special_tokens=bool(cfg.special_tokens))
     if texts is None and not model.has_head:  # split mode reports the explainers' faithfulness
         raise ValueError(model.no_head.replace("(analyze.py with text=...", "(text=..."))
     meta = {"hf_model": str(cfg.hf_model), "model": type(model.task).__name__ if model.has_head else "encoder only"}

@@ -18,11 +18,13 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 
 import torch
+from tokenizers import Tokenizer
 from torch import nn
 
 from ..models.attention import AttentionInternals
 from ..models.classifier import POOLINGS, ClassifierOutput, _check_choice
 from .adapters import ATTENTION, AttentionState, Family, family_for, register_attention
+from .data import separator_id, special_token_ids
 
 
 class PretrainedClassifier(nn.Module):
@@ -77,12 +79,21 @@ class PretrainedClassifier(nn.Module):
         self.key_dim = self.value_dim = out.in_features // self.num_heads
         self.head_combine = "concat"
         self.sep_id: int | None = None  # set for pair inputs: token types follow the first separator (token_types)
+        # Token ids the faithfulness explainers neither score nor erase, like <cls> (the special tokens by default:
+        # set_tokenizer); empty: every real token but the first is scored.
+        self.pinned_ids: tuple[int, ...] = ()
         # Shared with every layer's attention module (hf_adapters.attention_forward reads it); plain attributes,
         # not submodules, so the state dict is exactly the encoder's and the head's.
         self._state = AttentionState()
         for i, layer in enumerate(layers):
             attn = family.attention(layer)
             attn._idt_state, attn._idt_layer = self._state, i
+
+    def set_tokenizer(self, tokenizer: Tokenizer, score_special_tokens: bool = False) -> None:
+        """What the model reads from its tokenizer (a ``tokenizers.Tokenizer``): the separator that starts a pair's
+        second segment, and the special tokens explanations leave out (all scored with ``score_special_tokens``)."""
+        self.sep_id = separator_id(tokenizer)
+        self.pinned_ids = () if score_special_tokens else special_token_ids(tokenizer)
 
     # ------------------------------------------------------------------------------------ views
     @property
@@ -183,13 +194,19 @@ class PretrainedClassifier(nn.Module):
             self._state.hook = None
 
 
-def build_pretrained_classifier(name_or_path: str, num_classes: int, *, pooling: str = "cls",
+def build_pretrained_classifier(name_or_path: str, num_classes: int, *, pooling: str | None = "cls",
                                 dropout: float | None = 0.1, pad_id: int | None = None, max_len: int | None = None,
-                                hf_config: dict | None = None, what: str = "model.name_or_path"
-                                ) -> PretrainedClassifier:
+                                hf_config: dict | None = None, keep_head: bool = False,
+                                what: str = "model.name_or_path") -> PretrainedClassifier:
     """The classifier around ``name_or_path``'s pretrained encoder (its weights), or, with ``hf_config`` (a saved
     ``config.to_dict()``), around an encoder of that configuration with fresh weights (a checkpoint's own
-    weights are loaded next). On the ``meta`` device only the configuration is read (config checks)."""
+    weights are loaded next). On the ``meta`` device only the configuration is read (config checks).
+
+    ``pooling`` None: the pooling the checkpoint declares (a sentence-transformers ``modules.json``), else "cls".
+    ``keep_head``: the checkpoint's own ``*ForSequenceClassification`` head instead of a fresh linear one
+    (:class:`~.sequence_classifier.CheckpointClassifier`; it pools as it was trained, and ``num_classes`` must
+    be its number of labels).
+    """
     from transformers import AutoConfig, AutoModel
 
     from . import loading as hf_loading
@@ -211,9 +228,37 @@ def build_pretrained_classifier(name_or_path: str, num_classes: int, *, pooling:
         raise ValueError(f"max_len={max_len} (data.max_length) is longer than the {positions} tokens "
                          f"{name_or_path} has positions for: set data.max_length<={positions}")
     meta = torch.empty(0).device.type == "meta"
+    if keep_head:
+        return _with_own_head(name_or_path, config, family, num_classes, pad_id, max_len, hf_config is not None or meta,
+                              what)
+    if pooling is None:
+        pooling = (None if hf_config is not None else hf_loading.declared_pooling(name_or_path)) or "cls"
     if hf_config is not None or meta:
         encoder = AutoModel.from_config(config, attn_implementation=ATTENTION)
     else:
         encoder = hf_loading.load_weights(name_or_path, what, attn_implementation=ATTENTION)
     return PretrainedClassifier(encoder, family, num_classes, pooling=pooling, dropout=dropout, pad_id=pad_id,
                                 max_len=max_len)
+
+
+def _with_own_head(name_or_path: str, config, family: Family, num_classes: int, pad_id: int | None,
+                   max_len: int | None, fresh: bool, what: str) -> PretrainedClassifier:
+    """``model.keep_head=true``: the checkpoint's ``*ForSequenceClassification`` (fresh weights when ``fresh``)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from . import loading as hf_loading
+    from .sequence_classifier import CheckpointClassifier
+
+    if not hf_loading.has_classification_head(config):
+        raise ValueError(f"model.keep_head=true but {what}={name_or_path} has no classification head (its "
+                         f"architectures are {getattr(config, 'architectures', None)}): set model.keep_head=false for "
+                         "a fresh head, or pass a *ForSequenceClassification checkpoint")
+    if int(config.num_labels) != int(num_classes):
+        raise ValueError(f"model.keep_head=true but {what}={name_or_path}'s head has {config.num_labels} labels and "
+                         f"the data {num_classes} classes: set model.keep_head=false for a fresh head of the data's "
+                         "classes")
+    if fresh:
+        task = AutoModelForSequenceClassification.from_config(config, attn_implementation=ATTENTION)
+    else:
+        task = hf_loading.load_sequence_classifier(name_or_path, what, attn_implementation=ATTENTION)
+    return CheckpointClassifier(task, family, pad_id=pad_id, max_len=max_len)

@@ -101,13 +101,16 @@ class EncoderOnly(PretrainedClassifier):
 
 
 def load_hf_classifier(name_or_path: str, *, pooling: str | None = None, max_len: int | None = None,
-                       what: str = "hf_model") -> tuple[PretrainedClassifier, object]:
+                       score_special_tokens: bool = False, what: str = "hf_model"
+                       ) -> tuple[PretrainedClassifier, object]:
     """``(model, tokenizer)`` for a hub id or a ``save_pretrained`` folder, in eval mode, with no training.
 
     ``model`` is a :class:`CheckpointClassifier` when the checkpoint was saved as a ``*ForSequenceClassification``
     (``model(input_ids, attention_mask).logits`` are the checkpoint's own; ``model.label_names`` its ``id2label``),
     else an :class:`EncoderOnly`; both take every diagnostic of the project. ``tokenizer`` is the checkpoint's
-    transformers fast tokenizer; the model derives pair inputs' ``token_type_ids`` from its separator.
+    transformers fast tokenizer; the model derives pair inputs' ``token_type_ids`` from its separator, and its
+    explainers leave the special tokens ([CLS], [SEP], <s>, </s>) unscored and never erase them, unless
+    ``score_special_tokens``.
     ``pooling`` (bare encoders only: a classification head pools as it was trained) overrides the pooling the
     checkpoint declares (a sentence-transformers ``modules.json``), else the first token. ``what`` names the
     setting in error messages.
@@ -135,5 +138,5 @@ def load_hf_classifier(name_or_path: str, *, pooling: str | None = None, max_len
         encoder = hf_loading.load_weights(name_or_path, what, attn_implementation=ATTENTION)
         model = EncoderOnly(encoder, family, f"{what}={name_or_path}", pooling=pooling, pad_id=pad_id,
                             max_len=max_len)
-    model.sep_id = tokenizer.sep_token_id
+    model.set_tokenizer(tokenizer.backend_tokenizer, score_special_tokens)
     return model.eval(), tokenizer

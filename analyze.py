@@ -152,7 +152,7 @@ def _main_hf(cfg: DictConfig) -> str:
     model, hf_tokenizer = load_hf_classifier(str(cfg.hf_model), what="hf_model",
                                              score_special_tokens=bool(cfg.special_tokens))
     if texts is None and not model.has_head:  # split mode reports the explainers' faithfulness
-        raise ValueError(model.no_head.replace("(analyze.py with text=...", "(text=..."))
+        raise ValueError(model.no_head)
     meta = {"hf_model": str(cfg.hf_model), "model": type(model.task).__name__ if model.has_head else "encoder only"}
     if texts is not None:
         max_length = int(cfg.max_length or model.max_len)

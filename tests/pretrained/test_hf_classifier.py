@@ -168,3 +168,26 @@ def test_keep_head_needs_a_classification_head(tiny_bert):
 
     with pytest.raises(ValueError, match="keep_head=true but .* has no classification head"):
         PretrainedTextClassifier(str(tiny_bert), num_classes=2, keep_head=True)
+
+
+def test_two_text_fields_are_encoded_as_the_tokenizers_pair(tiny_bert, tmp_path):
+    from transformers import AutoTokenizer
+
+    from identifiable_transformers.hf.data import PretrainedTextDataModule
+
+    words = "the a film movie good bad great plot acting fun dull story".split()
+    rows = [(" ".join(words[i % 12:] + words[:i % 5]), " ".join(words[i % 7:i % 7 + 2 + i % 4]), i % 2)
+            for i in range(30)]
+    csv = tmp_path / "pairs.csv"
+    csv.write_text("premise,hypothesis,label\n" + "".join(f"{a},{b},{y}\n" for a, b, y in rows))
+    dm = PretrainedTextDataModule(pretrained_tokenizer=str(tiny_bert), name="pairs", source="local",
+                                  train_file=str(csv), text_fields=["premise", "hypothesis"], max_length=12,
+                                  splits={"train": "train", "validation": None, "test": None},
+                                  test_fraction=0.0, cache_dir=str(tmp_path / "cache"))
+    dm.prepare_data()
+    dm.setup("fit")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    expected = {tuple(tokenizer(a, b, truncation=True, max_length=12)["input_ids"]) for a, b, _ in rows}
+    got = [tuple(x) for d in (dm.train_dataset, dm.val_dataset) for x in d["input_ids"]]
+    assert len(got) == 30 and set(got) <= expected
+    assert any(len(g) == 12 for g in got) and all(g.count(tokenizer.sep_token_id) == 2 for g in got)

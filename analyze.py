@@ -3,8 +3,11 @@
     python analyze.py ckpt_path=PATH text="some sentence"
     python analyze.py ckpt_path=PATH texts_file=texts.txt
     python analyze.py ckpt_path=PATH split=validation num_examples=8
+    python analyze.py hf_model=HUB_ID_OR_FOLDER text="some sentence"        # a Hugging Face classifier as it is
+    python analyze.py hf_model=HUB_ID_OR_FOLDER data=rt_offline split=validation num_examples=32
 
-Writes ``report.html`` (self-contained, images embedded), one PNG per example and
+In split mode the report adds the faithfulness (and, on data with rationales, plausibility) tables of every
+explainer per cumulative length bin. Writes ``report.html`` (self-contained, images embedded), one PNG per example and
 ``report.json`` to ``output_dir`` (default: the Hydra run directory). See conf/analyze.yaml.
 """
 
@@ -72,17 +75,20 @@ def _check_encoded(texts: list[str], lengths: list[int]) -> None:
                          "text with words in it")
 
 
+def _check_split(cfg: DictConfig) -> None:
+    if cfg.get("split") is not None and cfg.split not in _SPLITS:
+        raise ValueError(f"split={cfg.split!r} is unknown; use one of {list(_SPLITS)}")
+
+
 def _split_batch(cfg: DictConfig, module):
     """Rebuild the datamodule from the checkpoint's data settings and draw stratified examples.
 
     Returns (batch, indices, rationales): rationales (token positions per example) when the split has
     them, examples with one preferred, else None.
     """
-    from identifiable_transformers.diagnostics.callbacks.identifiability import select_probe_indices
     from identifiable_transformers.modules.checkpoint import data_module_from_checkpoint
 
-    if cfg.split not in _SPLITS:
-        raise ValueError(f"split={cfg.split!r} is unknown; use one of {list(_SPLITS)}")
+    _check_split(cfg)
     data_cfg = module.hparams.get("data_cfg")
     if not data_cfg:
         raise ValueError("this checkpoint has no data_cfg in its hparams: use text=... or texts_file=... instead")
@@ -94,15 +100,96 @@ def _split_batch(cfg: DictConfig, module):
     if module.tokenizer is not None and dm.tokenizer.to_str() != module.tokenizer.to_str():
         raise ValueError("the rebuilt data's tokenizer differs from the checkpoint's: token ids would not match; "
                          "use text=... or texts_file=... instead")
+    return _draw(cfg, dm, module.model.max_len)
+
+
+def _draw(cfg: DictConfig, dm, max_len: int):
+    """``num_examples`` examples of ``dm``'s split (prepared and set up), stratified by length: see _split_batch."""
+    from identifiable_transformers.diagnostics.callbacks.identifiability import select_probe_indices
+
     ds = getattr(dm, _SPLITS[cfg.split])
     if ds is None or len(ds) == 0:
         raise ValueError(f"split={cfg.split!r} is empty for this data config")
     lengths = [len(x) for x in ds["input_ids"]]
     rationales = ds["rationale"] if getattr(dm, "has_rationales", False) else None
     preferred = None if rationales is None else [len(r) > 0 for r in rationales]
-    idx = select_probe_indices(lengths, int(cfg.num_examples), int(cfg.seed), module.model.max_len, preferred=preferred)
+    idx = select_probe_indices(lengths, int(cfg.num_examples), int(cfg.seed), max_len, preferred=preferred)
     batch = dm.collate([ds[i] for i in idx])
     return batch, idx, None if rationales is None else [[int(j) for j in rationales[i]] for i in idx]
+
+
+def _length_bins(model, max_length: int) -> list[int]:
+    """The per-epoch callbacks' default length bins for this model and data (docs/diagnostics.md)."""
+    from identifiable_transformers.diagnostics.callbacks.probes import DEFAULT_LENGTH_BINS, resolve_length_bins
+    from identifiable_transformers.diagnostics.maths import identifiable_length
+
+    bounds = identifiable_length(model.head_combine, model.embed_dim, model.num_heads, model.value_dim)
+    return resolve_length_bins(DEFAULT_LENGTH_BINS, embed_dim=model.embed_dim,
+                               head_stochastic=bounds["head_stochastic"], max_length=int(max_length))
+
+
+def _hf_data_module(cfg: DictConfig, max_len: int):
+    """The data config ``data=...`` read with the checkpoint's own tokenizer (as ``model=pretrained`` does)."""
+    from omegaconf import OmegaConf
+
+    from identifiable_transformers.modules.checkpoint import data_module_from_checkpoint
+
+    if cfg.get("data") is None:
+        raise ValueError(f"split={cfg.split} with hf_model needs a data config to read it from: add data=NAME "
+                         "(a file of conf/data, e.g. data=rt_offline), or use text=... or texts_file=...")
+    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
+    data_cfg.update({"_target_": "identifiable_transformers.hf.data.PretrainedTextDataModule",
+                     "pretrained_tokenizer": str(cfg.hf_model), "tokenizer_file": None,
+                     "max_length": int(cfg.max_length or min(int(data_cfg.get("max_length") or max_len), max_len))})
+    return data_module_from_checkpoint(data_cfg, str(cfg.paths.cache_dir), what="data")
+
+
+def _main_hf(cfg: DictConfig) -> str:
+    """``hf_model=...``: a Hugging Face classifier (or bare encoder) analysed as it is, with its own tokenizer."""
+    from identifiable_transformers.data import encode_texts
+    from identifiable_transformers.diagnostics.render.report_html import build_report, tokens_for_batch
+    from identifiable_transformers.hf.data import backend_tokenizer
+    from identifiable_transformers.loading import load_hf_classifier
+
+    texts = _texts_from_cfg(cfg)
+    _check_num_examples(cfg)
+    if cfg.get("output_dir"):
+        ensure_output_dir(cfg.output_dir, "output_dir")
+    model, hf_tokenizer = load_hf_classifier(str(cfg.hf_model), what="hf_model",
+                                             score_special_tokens=bool(cfg.special_tokens))
+    if texts is None and not model.has_head:  # split mode reports the explainers' faithfulness
+        raise ValueError(model.no_head)
+    meta = {"hf_model": str(cfg.hf_model), "model": type(model.task).__name__ if model.has_head else "encoder only"}
+    if texts is not None:
+        max_length = int(cfg.max_length or model.max_len)
+        tokenizer = backend_tokenizer(hf_tokenizer, max_length, "hf_model")
+        batch = encode_texts(tokenizer, texts, max_length)
+        _check_encoded(texts, batch["attention_mask"].sum(1).tolist())
+        meta["max_length"], rationales, bins = max_length, None, None
+    else:
+        dm = _hf_data_module(cfg, model.max_len)
+        dm.prepare_data()
+        dm.setup("fit" if cfg.split != "test" else "test")
+        if dm.num_classes != model.num_classes:
+            log.warning("data=%s has %d classes, hf_model's head %d: the report explains the head's predictions",
+                        dm.name, dm.num_classes, model.num_classes)
+        batch, idx, rationales = _draw(cfg, dm, model.max_len)
+        tokenizer = dm.tokenizer
+        meta.update({"data": dm.name, "split": cfg.split, "example indices": idx})
+        bins = _length_bins(model, dm.max_length)
+    ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+    tokens = tokens_for_batch(tokenizer, ids, mask)
+    if texts is None:
+        texts = [" ".join(t) for t in tokens]
+    from hydra.core.hydra_config import HydraConfig
+
+    out = Path(cfg.output_dir) if cfg.get("output_dir") else Path(HydraConfig.get().runtime.output_dir)
+    path = build_report(model, ids, mask, out, tokens=tokens, texts=texts, label_names=model.label_names,
+                        title=f"Attention identifiability: {cfg.hf_model}", meta=meta, key_aware=bool(cfg.key_aware),
+                        rationales=rationales, length_bins=bins)
+    log.info("wrote %s", path)
+    print(path)
+    return str(path)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="analyze")
@@ -111,6 +198,12 @@ def main(cfg: DictConfig) -> str:
     from identifiable_transformers.diagnostics.render.report_html import build_report, tokens_for_batch
     from identifiable_transformers.loading import load_module
 
+    _check_split(cfg)
+    if (cfg.get("ckpt_path") is None) == (cfg.get("hf_model") is None):
+        raise ValueError("give exactly one of ckpt_path=... (a checkpoint written by train.py) or hf_model=... (a "
+                         "Hugging Face hub id or save_pretrained() folder, analysed as it is)")
+    if cfg.get("hf_model") is not None:
+        return _main_hf(cfg)
     ckpt = Path(str(cfg.ckpt_path)).expanduser()
     if not ckpt.is_file():
         raise FileNotFoundError(f"ckpt_path={str(cfg.ckpt_path)!r} is not a file: pass a checkpoint written by "
@@ -132,10 +225,12 @@ def main(cfg: DictConfig) -> str:
         batch = encode_texts(tokenizer, texts, max_length)
         _check_encoded(texts, batch["attention_mask"].sum(1).tolist())
         meta = {"checkpoint": str(ckpt), "max_length": max_length}
-        rationales = None
+        rationales, bins = None, None
     else:
         batch, idx, rationales = _split_batch(cfg, module)
         meta = {"checkpoint": str(ckpt), "split": cfg.split, "example indices": idx}
+        data_max = int((module.hparams.get("data_cfg") or {}).get("max_length") or model.max_len)
+        bins = _length_bins(model, min(data_max, model.max_len))
     ids, mask = batch["input_ids"], batch["attention_mask"].bool()
     tokens = tokens_for_batch(tokenizer, ids, mask)
     if texts is None:
@@ -145,7 +240,7 @@ def main(cfg: DictConfig) -> str:
     out = Path(cfg.output_dir) if cfg.get("output_dir") else Path(HydraConfig.get().runtime.output_dir)
     path = build_report(model, ids, mask, out, tokens=tokens, texts=texts, label_names=module.label_names,
                         title=f"Attention identifiability: {ckpt.name}", meta=meta, key_aware=bool(cfg.key_aware),
-                        rationales=rationales)
+                        rationales=rationales, length_bins=bins)
     log.info("wrote %s", path)
     print(path)
     return str(path)

@@ -18,19 +18,24 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 
 import torch
+from tokenizers import Tokenizer
 from torch import nn
 
 from ..models.attention import AttentionInternals
 from ..models.classifier import POOLINGS, ClassifierOutput, _check_choice
 from .adapters import ATTENTION, AttentionState, Family, family_for, register_attention
+from .data import separator_id, special_token_ids
 
 
 class PretrainedClassifier(nn.Module):
     """``encoder`` (a transformers ``PreTrainedModel`` built with ``attn_implementation=ATTENTION``) + dropout +
     linear head on the pooled last hidden state (``pooling``: the first token, or the mean over real tokens).
 
-    Build it with :meth:`from_encoder`, or :func:`build_pretrained_classifier` (hub id, folder or saved config).
+    Build it with :func:`build_pretrained_classifier` (hub id, folder or saved config). ``has_head``: whether it
+    makes a prediction (a bare encoder read by ``load_hf_classifier`` does not).
     """
+
+    has_head = True
 
     def __init__(self, encoder: nn.Module, family: Family, num_classes: int, pooling: str = "cls",
                  dropout: float | None = 0.1, pad_id: int | None = None, max_len: int | None = None):
@@ -44,6 +49,18 @@ class PretrainedClassifier(nn.Module):
         encoder.train()  # from_pretrained returns it in eval mode, and Lightning keeps the modes it finds
         self.encoder, self.family = encoder, family
         self.pooling = pooling
+        self._read_encoder(encoder, pad_id, max_len)
+        if getattr(encoder, "pooler", None) is not None:
+            encoder.pooler = None  # the head reads the last hidden state; an unused pooler would get no gradient
+        p = getattr(config, "hidden_dropout_prob", getattr(config, "dropout", 0.1)) if dropout is None else dropout
+        self.dropout = nn.Dropout(p)
+        self.head = nn.Linear(self.embed_dim, num_classes)
+        nn.init.normal_(self.head.weight, std=0.02)
+        nn.init.zeros_(self.head.bias)
+
+    def _read_encoder(self, encoder: nn.Module, pad_id: int | None, max_len: int | None) -> None:
+        """The configuration attributes the diagnostics read, and the attention state shared with every layer."""
+        config, family = encoder.config, self.family
         positions = family.max_tokens(config)
         if max_len is not None and max_len > positions:
             raise ValueError(
@@ -61,19 +78,22 @@ class PretrainedClassifier(nn.Module):
                              f"{self.num_heads} heads")
         self.key_dim = self.value_dim = out.in_features // self.num_heads
         self.head_combine = "concat"
-        if getattr(encoder, "pooler", None) is not None:
-            encoder.pooler = None  # the head reads the last hidden state; an unused pooler would get no gradient
-        p = getattr(config, "hidden_dropout_prob", getattr(config, "dropout", 0.1)) if dropout is None else dropout
-        self.dropout = nn.Dropout(p)
-        self.head = nn.Linear(self.embed_dim, num_classes)
-        nn.init.normal_(self.head.weight, std=0.02)
-        nn.init.zeros_(self.head.bias)
+        self.sep_id: int | None = None  # set for pair inputs: token types follow the first separator (token_types)
+        # Token ids the faithfulness explainers neither score nor erase, like <cls> (the special tokens by default:
+        # set_tokenizer); empty: every real token but the first is scored.
+        self.pinned_ids: tuple[int, ...] = ()
         # Shared with every layer's attention module (hf_adapters.attention_forward reads it); plain attributes,
         # not submodules, so the state dict is exactly the encoder's and the head's.
         self._state = AttentionState()
         for i, layer in enumerate(layers):
             attn = family.attention(layer)
             attn._idt_state, attn._idt_layer = self._state, i
+
+    def set_tokenizer(self, tokenizer: Tokenizer, score_special_tokens: bool = False) -> None:
+        """What the model reads from its tokenizer (a ``tokenizers.Tokenizer``): the separator that starts a pair's
+        second segment, and the special tokens explanations leave out (all scored with ``score_special_tokens``)."""
+        self.sep_id = separator_id(tokenizer)
+        self.pinned_ids = () if score_special_tokens else special_token_ids(tokenizer)
 
     # ------------------------------------------------------------------------------------ views
     @property
@@ -101,10 +121,26 @@ class PretrainedClassifier(nn.Module):
                              "(data.max_length)")
         return input_ids != self.pad_id if attention_mask is None else attention_mask.bool()
 
+    def token_types(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+        """(B, T) segment ids of a pair ``[CLS] a [SEP] b [SEP]``: 0 up to the first separator, 1 after it (as the
+        tokenizer's pair encoding gives them), 0 on padding; None when the model has no segments (RoBERTa,
+        DistilBERT) or ``sep_id`` is unset. Read from the ids, so erased tokens keep their segment."""
+        if self.sep_id is None or int(getattr(self.encoder.config, "type_vocab_size", 0) or 0) < 2:
+            return None
+        sep = (input_ids == self.sep_id).long()
+        return (((sep.cumsum(1) - sep) > 0) & mask).long()
+
+    def _model_inputs(self, input_ids: torch.Tensor, mask: torch.Tensor) -> dict:
+        inputs = {"input_ids": input_ids, "attention_mask": mask.long()}
+        types = self.token_types(input_ids, mask)
+        if types is not None:
+            inputs["token_type_ids"] = types
+        return inputs
+
     def _encode(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         self._state.key_mask = mask
         try:
-            return self.encoder(input_ids=input_ids, attention_mask=mask.long()).last_hidden_state
+            return self.encoder(**self._model_inputs(input_ids, mask)).last_hidden_state
         finally:
             self._state.key_mask = None
 
@@ -158,13 +194,17 @@ class PretrainedClassifier(nn.Module):
             self._state.hook = None
 
 
-def build_pretrained_classifier(name_or_path: str, num_classes: int, *, pooling: str = "cls",
+def build_pretrained_classifier(name_or_path: str, num_classes: int, *, pooling: str | None = "cls",
                                 dropout: float | None = 0.1, pad_id: int | None = None, max_len: int | None = None,
                                 hf_config: dict | None = None, what: str = "model.name_or_path"
                                 ) -> PretrainedClassifier:
     """The classifier around ``name_or_path``'s pretrained encoder (its weights), or, with ``hf_config`` (a saved
     ``config.to_dict()``), around an encoder of that configuration with fresh weights (a checkpoint's own
-    weights are loaded next). On the ``meta`` device only the configuration is read (config checks)."""
+    weights are loaded next). On the ``meta`` device only the configuration is read (config checks).
+
+    ``pooling`` None: the pooling the checkpoint declares (a sentence-transformers ``modules.json``), else "cls".
+    (The checkpoint's own head instead of a fresh one: ``sequence_classifier.build_checkpoint_classifier``.)
+    """
     from transformers import AutoConfig, AutoModel
 
     from . import loading as hf_loading
@@ -186,9 +226,12 @@ def build_pretrained_classifier(name_or_path: str, num_classes: int, *, pooling:
         raise ValueError(f"max_len={max_len} is longer than the {positions} tokens {name_or_path} has positions "
                          f"for: set it to {positions} or less")
     meta = torch.empty(0).device.type == "meta"
+    if pooling is None:
+        pooling = (None if hf_config is not None else hf_loading.declared_pooling(name_or_path)) or "cls"
     if hf_config is not None or meta:
         encoder = AutoModel.from_config(config, attn_implementation=ATTENTION)
     else:
         encoder = hf_loading.load_weights(name_or_path, what, attn_implementation=ATTENTION)
     return PretrainedClassifier(encoder, family, num_classes, pooling=pooling, dropout=dropout, pad_id=pad_id,
                                 max_len=max_len)
+

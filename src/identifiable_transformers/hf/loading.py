@@ -146,3 +146,56 @@ def load_weights(name_or_path: str, what: str = "model.name_or_path", **kwargs):
     from transformers import AutoModel
 
     return _load(AutoModel.from_pretrained, name_or_path, what, weights=True, **kwargs)
+
+
+def load_sequence_classifier(name_or_path: str, what: str = "hf_model", **kwargs):
+    """``AutoModelForSequenceClassification.from_pretrained``: the encoder with the checkpoint's own task head."""
+    from transformers import AutoModelForSequenceClassification
+
+    return _load(AutoModelForSequenceClassification.from_pretrained, name_or_path, what, weights=True, **kwargs)
+
+
+def has_classification_head(config) -> bool:
+    """Whether the checkpoint was saved as a ``*ForSequenceClassification`` (its ``config.architectures``)."""
+    return any(str(a).endswith("ForSequenceClassification") for a in (getattr(config, "architectures", None) or ()))
+
+
+def _cached_file(name_or_path: str, filename: str) -> Path | None:
+    """``filename`` inside a local folder, or inside a hub id's cached snapshot (never downloaded)."""
+    if is_local(name_or_path):
+        p = Path(os.path.expanduser(str(name_or_path))) / filename
+        return p if p.is_file() else None
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(str(name_or_path), filename)
+    return Path(found) if isinstance(found, str) else None
+
+
+def declared_pooling(name_or_path: str) -> str | None:
+    """The pooling a sentence-transformers checkpoint declares (``modules.json`` -> its Pooling module's
+    ``config.json``): "mean" or "cls"; None when it declares none (a plain transformers checkpoint) or one this
+    project has no head for (max pooling: the caller keeps its default and says so)."""
+    import json
+
+    modules = _cached_file(name_or_path, "modules.json")
+    if modules is None:
+        return None
+    try:
+        entries = json.loads(modules.read_text(encoding="utf-8"))
+        folder = next(m.get("path", "") for m in entries if str(m.get("type", "")).endswith(".Pooling"))
+    except (ValueError, StopIteration, AttributeError, TypeError):
+        return None
+    config = _cached_file(name_or_path, f"{folder}/config.json" if folder else "config.json")
+    if config is None:
+        return None
+    try:
+        modes = json.loads(config.read_text(encoding="utf-8"))
+    except ValueError:
+        return None
+    if modes.get("pooling_mode_mean_tokens"):
+        return "mean"
+    if modes.get("pooling_mode_cls_token"):
+        return "cls"
+    log.warning("%s declares a pooling this project has no head for (%s): pooling the first token instead",
+                name_or_path, {k: v for k, v in modes.items() if k.startswith("pooling_mode") and v})
+    return None

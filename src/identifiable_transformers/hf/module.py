@@ -8,8 +8,11 @@ metrics, optimiser, schedules, exact resume and checkpoint checks), whose ``mode
 
 from __future__ import annotations
 
+from tokenizers import Tokenizer
+
 from ..modules.classifier import ClassifierModule
 from .encoder import build_pretrained_classifier
+from .sequence_classifier import build_checkpoint_classifier
 
 
 class PretrainedTextClassifier(ClassifierModule):
@@ -17,7 +20,7 @@ class PretrainedTextClassifier(ClassifierModule):
         self,
         name_or_path: str,
         num_classes: int,
-        pooling: str = "cls",
+        pooling: str | None = "cls",  # null: the checkpoint's declared pooling (sentence-transformers), else cls
         dropout: float | None = 0.1,  # on the pooled vector; null: the encoder's hidden dropout
         max_len: int | None = None,  # the longest input (data.max_length); at most the encoder's positions
         # optimisation (as TextClassifier)
@@ -33,14 +36,22 @@ class PretrainedTextClassifier(ClassifierModule):
         label_names: list[str] | None = None,
         tokenizer_json: str | None = None,
         data_cfg: dict | None = None,
+        keep_head: bool = False,  # the checkpoint's own *ForSequenceClassification head instead of a fresh one
+        score_special_tokens: bool = False,  # faithfulness: score and erase [CLS]/[SEP]/<s>/</s> too
         # written by the module itself: the encoder's config, so a checkpoint rebuilds it without the hub
         hf_config: dict | None = None,
     ):
         args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # before any other local
         super().__init__(num_classes, lr, weight_decay, warmup_steps, scheduler, label_smoothing, label_names)
         self.save_hyperparameters(args, logger=False)
-        self.model = build_pretrained_classifier(name_or_path, num_classes, pooling=pooling, dropout=dropout,
-                                                 pad_id=pad_id, max_len=max_len, hf_config=hf_config)
+        if keep_head:
+            self.model = build_checkpoint_classifier(name_or_path, num_classes, pad_id=pad_id, max_len=max_len,
+                                                     hf_config=hf_config)
+        else:
+            self.model = build_pretrained_classifier(name_or_path, num_classes, pooling=pooling, dropout=dropout,
+                                                     pad_id=pad_id, max_len=max_len, hf_config=hf_config)
+        if tokenizer_json:
+            self.model.set_tokenizer(Tokenizer.from_str(tokenizer_json), score_special_tokens)
         config = self.model.encoder.config
         rows = self.model.token_embedding.num_embeddings
         if vocab_size is not None and vocab_size > rows:
@@ -52,6 +63,7 @@ class PretrainedTextClassifier(ClassifierModule):
                              f"pad_token_id={config.pad_token_id}: use the checkpoint's own tokenizer")
         if hf_config is None:
             self.hparams["hf_config"] = config.to_dict()
+            self.hparams["pooling"] = self.model.pooling  # as resolved: a rebuild reads no modules.json
 
     @property
     def architecture(self) -> dict:

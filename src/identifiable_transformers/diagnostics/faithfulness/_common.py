@@ -34,16 +34,26 @@ def _inputs(model, input_ids: Tensor, attention_mask: Tensor | None) -> tuple[Te
     return input_ids.clone(), mask.clone()
 
 
-def _scorable(mask: Tensor) -> Tensor:
-    """Real tokens other than <cls>: the ones explainers score and erasure removes."""
-    s = mask.clone()
+def _pinned(model, input_ids: Tensor) -> Tensor | None:
+    """(B, T) bool, True on the tokens the model keeps out of explanations (``model.pinned_ids``: a pretrained
+    model's special tokens, [SEP], </s>, ...), or None when it keeps none (the project's encoders). Like <cls>,
+    they are neither scored nor removed."""
+    ids = tuple(getattr(model, "pinned_ids", ()) or ())
+    if not ids:
+        return None
+    return torch.isin(input_ids, torch.tensor(ids, device=input_ids.device, dtype=input_ids.dtype))
+
+
+def _scorable(mask: Tensor, pinned: Tensor | None = None) -> Tensor:
+    """Real tokens other than <cls> and the ``pinned`` ones: the ones explainers score and erasure removes."""
+    s = mask.clone() if pinned is None else mask & ~pinned
     s[:, 0] = False
     return s
 
 
-def _finish(scores: Tensor, mask: Tensor) -> Tensor:
-    """float32 on the inputs' device, 0 at <cls> and at padding."""
-    return torch.where(_scorable(mask), scores.detach().float(), torch.zeros((), device=scores.device))
+def _finish(scores: Tensor, mask: Tensor, pinned: Tensor | None = None) -> Tensor:
+    """float32 on the inputs' device, 0 at <cls>, at the pinned tokens and at padding."""
+    return torch.where(_scorable(mask, pinned), scores.detach().float(), torch.zeros((), device=scores.device))
 
 
 def _pooled_rows(model, A: Tensor, mask: Tensor) -> Tensor:
@@ -61,9 +71,9 @@ def _logits(model, input_ids: Tensor, mask: Tensor) -> Tensor:
     return model(input_ids, mask).logits
 
 
-def _order(scores: Tensor, mask: Tensor) -> Tensor:
+def _order(scores: Tensor, mask: Tensor, pinned: Tensor | None = None) -> Tensor:
     """Positions by decreasing score (ties: lower position first); non-scorable positions last."""
-    s = torch.where(_scorable(mask), scores.double(), torch.full_like(scores, -math.inf, dtype=torch.float64))
+    s = torch.where(_scorable(mask, pinned), scores.double(), torch.full_like(scores, -math.inf, dtype=torch.float64))
     return torch.sort(s, dim=1, descending=True, stable=True).indices
 
 

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._common import _order, _scorable, _top_masks
+from ._common import _order, _pinned, _scorable, _top_masks
 from .readout import _MaskedCopies
 
 AOPC_BINS = (1, 5, 10, 20, 50)  # percent of the real tokens (ERASER, DeYoung et al. 2020)
@@ -20,15 +20,15 @@ def _erasure_metrics(model, ids: Tensor, mask: Tensor, scores: dict[str, Tensor]
     one explainer's copies."""
     B, T = mask.shape
     dev = mask.device
-    scorable = _scorable(mask)
+    pinned = _pinned(model, ids)
+    scorable = _scorable(mask, pinned)
     n = scorable.sum(1)  # (B,)
     bins = torch.tensor(AOPC_BINS, device=dev)
     counts = ((bins[None, :] * n[:, None] + 99) // 100).clamp_min(1)  # ceil(k n), at least one, exact integers
     counts = torch.minimum(counts, n[:, None])
     steps = torch.arange(1, T, device=dev).expand(B, -1)  # flip: remove the top s tokens, s = 1..n
     step_ok = steps <= n[:, None]
-    cls_only = torch.zeros_like(mask)
-    cls_only[:, 0] = True
+    cls_only = mask & ~scorable  # <cls> and the pinned tokens: never removed
 
     K = len(AOPC_BINS)
     has = n > 0
@@ -38,7 +38,7 @@ def _erasure_metrics(model, ids: Tensor, mask: Tensor, scores: dict[str, Tensor]
     copies = _MaskedCopies(model, ids)  # built once: the one-layer shortcut's projections serve every explainer
     out: dict[str, Tensor] = {}
     for name, s in scores.items():  # one explainer at a time: its copies' masks are (copies, T) bools
-        order = _order(s, mask)
+        order = _order(s, mask, pinned)
         top = _top_masks(order, counts, T) & scorable[:, None, :]  # (B, K, T)
         suff = cls_only[:, None, :] | top  # keep only the top tokens (and <cls>)
         # Removing the top s tokens, s = 1..n, is the flip curve; comprehensiveness reads it at s = counts.

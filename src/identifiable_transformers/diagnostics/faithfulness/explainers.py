@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from ..maths.nullspace import effective_attention
-from ._common import _eval_with_grad, _finish, _inputs, _logits, _pooled_rows, _scorable
+from ._common import _eval_with_grad, _finish, _inputs, _logits, _pinned, _pooled_rows, _scorable
 from .random_control import random_scores
 from .readout import _masked_probs
 
@@ -98,13 +98,13 @@ def integrated_gradients(
             ids, baselines=torch.full_like(ids, model.pad_id), target=target, additional_forward_args=(mask,),
             n_steps=n_steps, internal_batch_size=internal_batch_size or ids.shape[0], return_convergence_delta=True,
         )
-        return _finish(attr.sum(-1), mask), delta.detach().float()
+        return _finish(attr.sum(-1), mask, _pinned(model, ids)), delta.detach().float()
 
 
 def _loo(model, input_ids: Tensor, mask: Tensor, pred: Tensor, prob: Tensor) -> Tensor:
     """p_y(x) - p_y(x without token j), every scorable j of every example in a few batched passes."""
     B, T = mask.shape
-    b, j = _scorable(mask).nonzero(as_tuple=True)  # sorted by example
+    b, j = _scorable(mask, _pinned(model, input_ids)).nonzero(as_tuple=True)  # sorted by example
     masks = mask[b].clone()
     masks[torch.arange(len(b), device=mask.device), j] = False
     p = _masked_probs(model, input_ids, b, masks)
@@ -131,6 +131,7 @@ def explain(
         with torch.no_grad():
             probs = _logits(model, ids, mask).float().softmax(-1)
         prob, pred = probs.max(-1)
+        pinned = _pinned(model, ids)  # a pretrained model's special tokens: never scored (docs/pretrained.md)
         out: dict[str, Tensor] = {}
         if any(e in _ATTENTION_EXPLAINERS for e in explainers):
             out.update(_attention_explainers(model, ids, mask, explainers))
@@ -141,5 +142,5 @@ def explain(
         if "loo" in explainers:
             out["loo"] = _loo(model, ids, mask, pred, prob)
         if "random" in explainers:
-            out["random"] = random_scores(ids, mask, seed)  # draw 0 of each example's own seeded order
-        return {e: _finish(out[e], mask) for e in explainers}
+            out["random"] = random_scores(ids, mask, seed, pinned=pinned)  # draw 0 of the example's own order
+        return {e: _finish(out[e], mask, pinned) for e in explainers}

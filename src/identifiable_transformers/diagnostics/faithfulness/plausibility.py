@@ -44,17 +44,19 @@ def average_precision(scores: Tensor, target: Tensor, valid: Tensor) -> Tensor:
     return torch.where(k > 0, ap, torch.full_like(ap, math.nan)).float()
 
 
-def plausibility_metrics(scores: dict[str, Tensor], mask: Tensor, rationale_mask: Tensor) -> dict[str, Tensor]:
-    """{"name/rationale_auprc": (B,), "name/rationale_f1": (B,)} for each explainer's (B, T) scores."""
+def plausibility_metrics(scores: dict[str, Tensor], mask: Tensor, rationale_mask: Tensor,
+                         pinned: Tensor | None = None) -> dict[str, Tensor]:
+    """{"name/rationale_auprc": (B,), "name/rationale_f1": (B,)} for each explainer's (B, T) scores, over the
+    scorable tokens (real, not <cls>, not ``pinned``)."""
     T = mask.shape[1]
-    scorable = _scorable(mask)
+    scorable = _scorable(mask, pinned)
     target = rationale_mask.to(mask.device).bool() & scorable
     k = target.sum(1)  # (B,) rationale size
     nan = torch.full(k.shape, math.nan, device=mask.device)
     labels = torch.where(scorable, target.long(), -1)  # -1: not scored (<cls>, padding)
     out: dict[str, Tensor] = {}
     for e, s in scores.items():
-        top = _top_masks(_order(s, mask), k[:, None], T)[:, 0] & scorable  # (B, T): the top-k tokens
+        top = _top_masks(_order(s, mask, pinned), k[:, None], T)[:, 0] & scorable  # (B, T): the top-k tokens
         f1 = binary_f1_score(top.long(), labels, multidim_average="samplewise", ignore_index=-1, validate_args=False)
         out[f"{e}/rationale_auprc"] = average_precision(s, target, scorable)
         out[f"{e}/rationale_f1"] = torch.where(k > 0, f1.float(), nan)

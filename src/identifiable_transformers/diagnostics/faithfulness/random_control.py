@@ -26,10 +26,12 @@ def example_seed(seed: int, token_ids: Tensor) -> int:
     return int.from_bytes(h.digest(), "little") >> 1
 
 
-def random_draws(input_ids: Tensor, mask: Tensor, seed: int = 0, draws: int = 1) -> list[Tensor]:
+def random_draws(input_ids: Tensor, mask: Tensor, seed: int = 0, draws: int = 1,
+                 pinned: Tensor | None = None) -> list[Tensor]:
     """``draws`` (B, T) score tensors: in draw d, a random permutation of 1..n / n over each example's n
-    scorable tokens (0 elsewhere), the (d+1)-th permutation of a generator seeded by ``example_seed``."""
-    scorable = _scorable(mask).cpu()
+    scorable tokens (0 elsewhere, ``pinned`` ones included), the (d+1)-th permutation of a generator seeded by
+    ``example_seed``."""
+    scorable = _scorable(mask, None if pinned is None else pinned.to(mask.device)).cpu()
     out = torch.zeros(draws, *mask.shape, dtype=torch.float32)
     ids, real = input_ids.cpu(), mask.cpu()
     for b in range(ids.shape[0]):
@@ -42,6 +44,7 @@ def random_draws(input_ids: Tensor, mask: Tensor, seed: int = 0, draws: int = 1)
     return list(out.to(mask.device).unbind(0))
 
 
-def random_scores(input_ids: Tensor, mask: Tensor, seed: int = 0, draw: int = 0) -> Tensor:
+def random_scores(input_ids: Tensor, mask: Tensor, seed: int = 0, draw: int = 0,
+                  pinned: Tensor | None = None) -> Tensor:
     """(B, T) scores of draw ``draw`` (see ``random_draws``)."""
-    return random_draws(input_ids, mask, seed, draw + 1)[draw]
+    return random_draws(input_ids, mask, seed, draw + 1, pinned)[draw]

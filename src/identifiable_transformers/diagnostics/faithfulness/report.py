@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ._common import _eval_with_grad, _finish, _inputs, _logits, _nanmean, _scorable
+from ._common import _eval_with_grad, _finish, _inputs, _logits, _nanmean, _pinned, _scorable
 from .agreement import kendall_tau_b
 from .erasure import _erasure_metrics
 from .explainers import CHEAP_EXPLAINERS, explain
@@ -44,20 +44,21 @@ def faithfulness_report(
         with torch.no_grad():
             logits = _logits(model, ids, mask)
         prob, pred = logits.float().softmax(-1).max(-1)
-        scores = {k: _finish(v.to(mask.device), mask) for k, v in (precomputed or {}).items()}
+        pinned = _pinned(model, ids)
+        scores = {k: _finish(v.to(mask.device), mask, pinned) for k, v in (precomputed or {}).items()}
         draws = random_draws if "random" in explainers and "random" not in scores else 1
         wanted = [e for e in dict.fromkeys([*explainers, "loo"]) if e not in scores]
         scores.update(explain(model, ids, mask, wanted, seed=seed, ig_steps=ig_steps))
         # The further random draws are scored like explainers of their own, then averaged into "random".
-        extra = {f"random#{d}": s for d, s in enumerate(_random_draws(ids, mask, seed, draws)) if d > 0}
+        extra = {f"random#{d}": s for d, s in enumerate(_random_draws(ids, mask, seed, draws, pinned)) if d > 0}
         scored = {**{e: scores[e] for e in explainers}, **extra}
         per_example = _erasure_metrics(model, ids, mask, scored, pred, prob)
-        scorable = _scorable(mask)
+        scorable = _scorable(mask, pinned)
         for e, s in scored.items():
             per_example[f"{e}/tau_loo"] = kendall_tau_b(s, scores["loo"], scorable).float()
         metric_names = list(METRICS)
         if rationale_mask is not None:
-            per_example.update(plausibility_metrics(scored, mask, rationale_mask))
+            per_example.update(plausibility_metrics(scored, mask, rationale_mask, pinned))
             metric_names += PLAUSIBILITY_METRICS
         spread: dict[str, float] = {}
         if draws > 1:

@@ -69,10 +69,11 @@ _STRIP_METRICS = (("comprehensiveness", "compr. ↑"), ("sufficiency", "suff. �
 _RATIONALE_METRICS = (("rationale_auprc", "AUPRC rat. ↑"), ("rationale_f1", "F1 rat. ↑"))
 
 
-def _faithfulness(model, input_ids, attention_mask, rationale_mask=None) -> dict:
-    from ..faithfulness import faithfulness_report
+def _faithfulness(model, input_ids, attention_mask, rationale_mask=None, every_explainer: bool = False) -> dict:
+    from ..faithfulness import CHEAP_EXPLAINERS, EXPLAINERS, faithfulness_report
 
-    return faithfulness_report(model, input_ids, attention_mask, rationale_mask=rationale_mask)
+    return faithfulness_report(model, input_ids, attention_mask, rationale_mask=rationale_mask,
+                               explainers=EXPLAINERS if every_explainer else CHEAP_EXPLAINERS)
 
 
 def heat_strip(tokens: Sequence[str], scores: Sequence[float], marked: Sequence[int] = ()) -> str:
@@ -149,6 +150,7 @@ def build_report(
     key_aware: bool = False,
     faithfulness: bool = True,
     rationales: Sequence[Sequence[int]] | None = None,
+    length_bins: Sequence[int] | None = None,
 ) -> Path:
     """Write ``report.html`` (images embedded), ``example{i}.png`` and ``report.json``; return the HTML path.
 
@@ -156,7 +158,10 @@ def build_report(
     alternatives the head itself could generate (dense Jacobians: slow beyond ~40 tokens); ``faithfulness``
     adds the explainers' heat-strips and per-example metrics (docs/faithfulness.md); ``rationales[i]`` (token
     positions into example i, from a dataset split that has rationales) underlines them on the strips and
-    adds the plausibility metrics.
+    adds the plausibility metrics. ``length_bins`` (token counts): every explainer (integrated gradients too) is
+    scored, and the faithfulness and plausibility tables per cumulative length bin head the report
+    (``faithfulness_tables``). A model without a head (``has_head`` False: a bare encoder) gets no prediction and
+    no faithfulness.
     """
     from .plots import figure_to_png, plot_attention_maps
 
@@ -165,9 +170,13 @@ def build_report(
     model_was_training = model.training
     model.eval()
     B, T = input_ids.shape
+    has_head = getattr(model, "has_head", True)
+    faithfulness = faithfulness and has_head
     with _stage(f"report: identifiability of {B} example(s) of up to {T} tokens"):
-        with torch.no_grad():
-            probs = model(input_ids, attention_mask).logits.softmax(-1).cpu()
+        probs = None
+        if has_head:
+            with torch.no_grad():
+                probs = model(input_ids, attention_mask).logits.softmax(-1).cpu()
         model.train(model_was_training)
         rep = attention_identifiability(model, input_ids, attention_mask, return_maps=True)
     ka = None
@@ -185,8 +194,14 @@ def build_report(
     faith = None
     if faithfulness:
         with _stage(f"report: token explanations and their faithfulness for {B} example(s)"):
-            faith = _faithfulness(model, input_ids, attention_mask, rationale_mask)
+            faith = _faithfulness(model, input_ids, attention_mask, rationale_mask, length_bins is not None)
     faith_records = []
+    table_rows = None
+    if faith is not None and length_bins is not None:
+        from .faithfulness_tables import faithfulness_by_length, tables_html
+
+        table_rows = faithfulness_by_length(faith["per_example"], list(faith["scores"]),
+                                            rep["lengths"].tolist(), length_bins)
 
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
@@ -211,16 +226,22 @@ def build_report(
            "changing its queries and keys (docs/identifiability.md §2.5); a count marked <i>unresolved</i> has a "
            f"margin below {UNRESOLVED_MARGIN:g}: float64 cannot tell it from a neighbouring count, so it is not a "
            "property of the head." if ka else "") + "</p>")
+    if table_rows:
+        parts.append(tables_html(table_rows) + "<p>Each row: the mean over the report's examples of at most that "
+                     "many tokens; per-example values below.</p>")
     records = []
     for b in _examples(B):
         n = int(rep["lengths"][b])
-        pred = int(probs[b].argmax())
-        label = label_names[pred] if label_names is not None and pred < len(label_names) else str(pred)
         parts.append(f"<h2>Example {b} — n = {n} tokens</h2>")
         if texts is not None:
             parts.append(f"<div class='text'>{html.escape(texts[b])}</div>")
-        parts.append(f"<p>Prediction: <b>{html.escape(label)}</b> (p = {float(probs[b, pred]):.3f}). "
-                     f"Tokens: <code>{html.escape(' '.join(tokens[b]))}</code></p>")
+        if probs is not None:
+            pred = int(probs[b].argmax())
+            label = label_names[pred] if label_names is not None and pred < len(label_names) else str(pred)
+            said = f"Prediction: <b>{html.escape(label)}</b> (p = {float(probs[b, pred]):.3f}). "
+        else:
+            said = "No prediction: the model is an encoder without a classification head. "
+        parts.append(f"<p>{said}Tokens: <code>{html.escape(' '.join(tokens[b]))}</code></p>")
         head_cols = ["layer", "head", "null", "stoch. null", "verdict", "witness TV", "rel. err. A'T vs AT",
                      "eff. gap", "σmin/σmax", "entropy"] + (["key-aware alt. dim", "key-agnostic"] if ka else [])
         rows = []
@@ -286,6 +307,7 @@ def build_report(
     atomic_write(path, "\n".join(parts))
     atomic_write(out / "report.json", json.dumps({"bounds": bounds, "config": cfg, "heads": records,
                                                    **({"faithfulness": faith_records} if faith else {}),
+                                                   **({"faithfulness_by_length": table_rows} if table_rows else {}),
                                                    **({"equivalence": equivalence_records} if equivalence_records
                                                       else {})}, indent=1))
     return path

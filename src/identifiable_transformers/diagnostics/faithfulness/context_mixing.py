@@ -14,7 +14,9 @@ the real tokens (padded queries' rows and padded keys' columns are 0). The maps 
   decomposed by token, ``T_i(x_j) = L_i(sum_h A_h[i, j] f_h(x_j) + [i = j] x_i)`` with ``L_i(u) = gamma *
   (u - mean(u)) / s_i`` the LayerNorm's linear part (``s_i`` the standard deviation of the whole pre-norm
   vector z_i = x_i + a_i); ``y_i = sum_j T_i(x_j)``; contribution ``max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1)``,
-  rows normalised. The output bias and the LayerNorm's bias belong to no token and are left out.
+  rows normalised. The output bias and the LayerNorm's bias belong to no token and are left out. Where the
+  clipping zeroes a whole row (every T_i(x_j) farther from y_i than the origin: rare, but it happens), the
+  paper's ratio is 0 / 0; here token i then keeps itself (1 on the diagonal).
 - ``norm_resln`` (Kobayashi et al., EMNLP 2021, "attention with residual and LayerNorm"): ``||T_i(x_j)||_2``,
   rows normalised (as GlobEnc does before its rollout).
 
@@ -121,6 +123,13 @@ def alti_from_decomposition(Td: Tensor) -> Tensor:
     return (y.abs().sum(-1)[..., None] - dist).clamp_min(0)
 
 
+def _clipped_rows_keep_self(c: Tensor, mask: Tensor) -> Tensor:
+    """A real query whose every contribution the clipping set to 0 keeps itself (contribution 1 from itself): the
+    paper leaves such a row undefined (0 / 0); this keeps rows distributions and the rollout defined."""
+    empty = ((c * mask[:, None, :]).sum(-1) == 0) & mask  # (B, T)
+    return c + torch.diag_embed(empty.to(c.dtype))
+
+
 def _decomposition_maps(blocks, mask: Tensor, kinds: Sequence[str]) -> dict[str, Tensor]:
     """{"alti" / "norm_resln": (B, L, T, T) float32} from one token decomposition per layer, in batch chunks."""
     maps: dict[str, list[Tensor]] = {k: [] for k in kinds}
@@ -134,7 +143,7 @@ def _decomposition_maps(blocks, mask: Tensor, kinds: Sequence[str]) -> dict[str,
             Td = token_decomposition(blk.internals.attention[sl], f[sl], blk.x[sl], blk.out_bias, blk.norm)
             Td = Td * mask[sl, None, :, None]  # padded keys contribute nothing (their weight is 0 but for i = j)
             if "alti" in kinds:
-                parts["alti"].append(alti_from_decomposition(Td))
+                parts["alti"].append(_clipped_rows_keep_self(alti_from_decomposition(Td), mask[sl]))
             if "norm_resln" in kinds:
                 parts["norm_resln"].append(Td.norm(dim=-1))
         for k in kinds:

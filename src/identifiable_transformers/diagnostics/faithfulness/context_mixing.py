@@ -72,6 +72,13 @@ def _value_vectors(internals) -> Tensor:
     return torch.einsum("bhtv,hvd->bhtd", internals.values, internals.out_proj)
 
 
+def _cosine_distance(y: Tensor, base: Tensor) -> Tensor:
+    """1 - cos(y, base) over the last dimension, as ||y/|y| - base/|base|||^2 / 2 in float64: the same number
+    without ``1 - cos``'s cancellation, which in float32 swamps the small distances of nearly unchanged outputs."""
+    y, base = F.normalize(y.double(), dim=-1), F.normalize(base.double(), dim=-1)
+    return (y - base).square().sum(-1) / 2
+
+
 def _value_zeroing_layer(block, mask: Tensor) -> Tensor:
     """(B, T, T) unnormalised: [b, i, j] = cosine distance of output i with token j's values zeroed."""
     x, a = block.x, block.attention_output()
@@ -85,7 +92,7 @@ def _value_zeroing_layer(block, mask: Tensor) -> Tensor:
         b, j = b_idx[s:s + step], j_idx[s:s + step]
         removed = torch.einsum("phq,phd->pqd", A[b, :, :, j], f[b, :, j])  # what j's values brought to each query
         y = block.finish(x[b], a[b] - removed)
-        out[b, j] = (1 - F.cosine_similarity(y, base[b], dim=-1)).clamp_min(0).float()
+        out[b, j] = _cosine_distance(y, base[b]).float()
     return out.transpose(1, 2)
 
 

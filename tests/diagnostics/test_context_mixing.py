@@ -140,7 +140,7 @@ def test_alti_matches_loops_over_the_weights(head_combine, key_dim):
 @pytest.mark.parametrize("head_combine,key_dim,norm_first", DESIGNS)
 def test_token_decomposition_sums_to_the_layer_norm_output(head_combine, key_dim, norm_first):
     """sum_j T_i(x_j) = LN(x_i + a_i) - beta - L_i(b_o) (post-norm; torch's LayerNorm), x_i + a_i - b_o (pre-norm)."""
-    m = _model(head_combine, key_dim, norm_first, layers=1)
+    m = _model(head_combine, key_dim, norm_first, layers=1).double()
     ids, mask = _batch()
     with torch.no_grad():
         blk = m.encoder_blocks(ids, mask)[0]
@@ -148,14 +148,13 @@ def test_token_decomposition_sums_to_the_layer_norm_output(head_combine, key_dim
         Td = token_decomposition(blk.internals.attention, f, blk.x, blk.out_bias, blk.norm)
         layer = m.layers[0]
         a = layer.attn(layer.attention_input(blk.x), mask)[0]  # the model's own attention output
-        z = (blk.x + a).double()
+        z = blk.x + a
         if norm_first:
-            expected = z - layer.attn.out_proj.bias.double()
+            expected = z - layer.attn.out_proj.bias
         else:
             s = (z.var(-1, unbiased=False) + layer.norm1.eps).sqrt()[..., None]
-            bo = layer.attn.out_proj.bias.double()
-            expected = (layer.norm1(blk.x + a).double() - layer.norm1.bias.double()
-                        - layer.norm1.weight.double() * (bo - bo.mean()) / s)
+            bo = layer.attn.out_proj.bias
+            expected = layer.norm1(z) - layer.norm1.bias - layer.norm1.weight * (bo - bo.mean()) / s
     real = mask[:, :, None]
     torch.testing.assert_close(Td.sum(2) * real, expected * real, atol=1e-5, rtol=1e-5)
 

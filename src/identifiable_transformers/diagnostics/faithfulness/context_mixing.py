@@ -104,23 +104,29 @@ def value_zeroing(model, input_ids: Tensor, attention_mask: Tensor | None = None
 
 
 def token_decomposition(A: Tensor, f: Tensor, x: Tensor, out_bias: Tensor | None, norm) -> Tensor:
-    """(B, T, T, d) float64: T_i(x_j), the part of query i's normed attention residual output due to token j.
+    """(B, T, T, d): T_i(x_j), the part of query i's normed attention residual output due to token j.
 
     A (B, H, T, T) attention weights, f (B, H, T, d) the per-head value vectors f_h(x_j), x (B, T, d) the layer
     input, ``out_bias`` (d,) or None, ``norm`` the LayerNorm after the residual (or None: identity). Summed over
-    j it gives ``LN(x + a) - beta`` for a LayerNorm (``x + a - b_o`` without one), a = sum_h A_h f_h + b_o.
+    j it gives ``LN(x + a) - beta - L_i(b_o)`` for a LayerNorm (``x + a - b_o`` without one), a = sum_h A_h f_h +
+    b_o. L_i is linear, so it is applied to f and x before the (B, T, T, d) product (one pass over it): centring
+    and gamma to the vectors, 1 / s_i to query i's attention row and residual. In the inputs' dtype (float32 at
+    least).
     """
-    A, f, x = A.double(), f.double(), x.double()
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    A, f, x = A.to(dtype), f.to(dtype), x.to(dtype)
+    if norm is not None:
+        z = x + torch.einsum("bhqk,bhkd->bqd", A, f)
+        if out_bias is not None:
+            z = z + out_bias.to(dtype)
+        inv_s = (z.var(-1, unbiased=False) + norm.eps).rsqrt()  # (B, T): the LayerNorm's scale, from the whole sum
+        gamma = norm.weight.to(dtype) if norm.weight is not None else torch.ones((), dtype=dtype, device=x.device)
+        f = (f - f.mean(-1, keepdim=True)) * gamma
+        x = (x - x.mean(-1, keepdim=True)) * gamma * inv_s[..., None]
+        A = A * inv_s[:, None, :, None]
     u = torch.einsum("bhqk,bhkd->bqkd", A, f)
     u.diagonal(dim1=1, dim2=2).add_(x.transpose(1, 2))  # the residual: token i's own input, only to itself
-    if norm is None:
-        return u
-    z = x + torch.einsum("bhqk,bhkd->bqd", A, f)
-    if out_bias is not None:
-        z = z + out_bias.double()
-    s = (z.var(-1, unbiased=False) + norm.eps).sqrt()  # (B, T): the LayerNorm's scale, from the whole sum
-    u = (u - u.mean(-1, keepdim=True)) / s[:, :, None, None]
-    return u * norm.weight.double() if norm.weight is not None else u
+    return u
 
 
 def alti_from_decomposition(Td: Tensor) -> Tensor:

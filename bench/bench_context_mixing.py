@@ -104,10 +104,11 @@ def main() -> None:
     for label, model, batch_size in models:
         steps = args.steps if label.startswith("MiniLM") else None
         epoch = _epoch_seconds(model, lengths, np.random.default_rng(2), args.device, batch_size, steps)
-        cells = [f"{n} {s:.2f}s ({100 * s / epoch:.1f}%)"
-                 for n in names for s in [_explainer_seconds(model, ids, mask, n, args.device)]]
         extrapolated = f", from {steps} steps" if steps else ""
-        print(f"{label}: epoch {epoch:.1f}s{extrapolated}; " + "; ".join(cells), flush=True)
+        print(f"{label}: epoch {epoch:.1f}s{extrapolated}", flush=True)
+        for n in names:
+            s = _explainer_seconds(model, ids, mask, n, args.device)
+            print(f"  {n:<14}{s:8.2f}s {100 * s / epoch:6.1f}% of the epoch", flush=True)
 
 
 if __name__ == "__main__":

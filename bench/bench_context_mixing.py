@@ -10,7 +10,7 @@ a random MiniLM-shaped BERT (6 layers, hidden 384, 12 heads, ffn 1536: ``all-Min
 a ``BertConfig`` (no download). With ``--steps N`` the pretrained epoch is extrapolated from N timed training
 steps (the whole epoch is long on a CPU). Usage:
 
-    python bench/bench_context_mixing.py [--examples 6800] [--device cpu|cuda] [--steps 8] [--no-pretrained]
+    python bench/bench_context_mixing.py [--examples 6800] [--device cpu|cuda] [--steps 8] [--no-pretrained | --no-own]
                                          [--explainers attention,loo,value_zeroing,alti,norm_resln]
 """
 
@@ -84,6 +84,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--steps", type=int, default=None, help="time this many training steps and scale to the epoch")
     p.add_argument("--no-pretrained", action="store_true")
+    p.add_argument("--no-own", action="store_true", help="only the MiniLM-shaped encoder")
     p.add_argument("--explainers", default=DEFAULT_EXPLAINERS)
     args = p.parse_args()
     names = args.explainers.split(",")
@@ -96,7 +97,7 @@ def main() -> None:
     ids[:, 0] = 2  # <cls> first, as the data module writes it
     torch.manual_seed(0)
     models = [(f"own {c}", TransformerClassifier(VOCAB, 2, head_combine=c, key_dim=1 if c == "add" else None)
-               .to(args.device), 64) for c in ("concat", "add")]
+               .to(args.device), 64) for c in ("concat", "add") if not args.no_own]
     if not args.no_pretrained:
         models.append(("MiniLM-shaped BERT (6x384)", _minilm_shaped(args.device), 32))
     print(f"device={args.device} threads={torch.get_num_threads()} train examples={args.examples} probe=64 "

@@ -11,7 +11,8 @@
 # Usage: bash multirun_sweeps/context_mixing.sh OUT [hydra overrides for every run, e.g. hydra/launcher=joblib_local]
 # A tiny check of the pipeline (2 runs per regime, minutes): bash multirun_sweeps/context_mixing.sh /tmp/cm seed=1 \
 #   model.key_dim=1 trainer.max_epochs=1 trainer.limit_train_batches=2 trainer.limit_val_batches=1 \
-#   trainer.limit_test_batches=1 callbacks.faithfulness.every_n_epochs=1 callbacks.identifiability.every_n_epochs=1
+#   trainer.limit_test_batches=1 callbacks.faithfulness.every_n_epochs=1 callbacks.identifiability.every_n_epochs=1 \
+#   callbacks.identifiability.probe_size=16 callbacks.faithfulness.final=false trainer.enable_progress_bar=false
 set -euo pipefail
 out=${1:?usage: bash multirun_sweeps/context_mixing.sh OUT [overrides]}
 shift

@@ -230,3 +230,9 @@ def test_names_layers_and_report_keys():
     with pytest.raises(ValueError, match="has 2 layers"):
         explain(m, ids, mask, ["alti_layer2"])
     assert FAITH_KEY.match("val/faith/alti_layer0/comprehensiveness").group(1) == "alti_layer0"
+    from identifiable_transformers.diagnostics.callbacks.faithfulness import FaithfulnessCallback
+
+    assert FaithfulnessCallback(explainers=["alti_layer0", "value_zeroing"]).explainers == ["alti_layer0",
+                                                                                           "value_zeroing"]
+    with pytest.raises(ValueError, match="alti_layerx"):
+        FaithfulnessCallback(explainers=["alti_layerx"])

@@ -236,3 +236,14 @@ def test_names_layers_and_report_keys():
                                                                                            "value_zeroing"]
     with pytest.raises(ValueError, match="alti_layerx"):
         FaithfulnessCallback(explainers=["alti_layerx"])
+
+
+@pytest.mark.parametrize("fn", [value_zeroing, alti, norm_resln], ids=lambda f: f.__name__)
+def test_extra_padding_changes_nothing(fn):
+    """Every example padded further (the chunks cut their padded tail): the same maps, 0 on the new columns."""
+    m = _model("add", 2, False)
+    ids, mask = _batch()
+    padded = torch.nn.functional.pad(ids, (0, 4))
+    M, P = fn(m, ids, mask), fn(m, padded, padded != 0)
+    torch.testing.assert_close(P[..., :9, :9], M, atol=1e-6, rtol=1e-5)
+    assert (P[..., 9:, :] == 0).all() and (P[..., :, 9:] == 0).all()

@@ -90,9 +90,10 @@ def _value_zeroing_layer(block, mask: Tensor) -> Tensor:
     step = max(1, _CHUNK_ELEMENTS // (T * d * 4))  # the feed-forward is typically 4d wide
     for s in range(0, len(b_idx), step):
         b, j = b_idx[s:s + step], j_idx[s:s + step]
-        removed = torch.einsum("phq,phd->pqd", A[b, :, :, j], f[b, :, j])  # what j's values brought to each query
-        y = block.finish(x[b], a[b] - removed)
-        out[b, j] = _cosine_distance(y, base[b]).float()
+        n = int(mask[b].sum(1).max())  # right padding: the rest of the layer is per token, so cut the padded tail
+        removed = torch.einsum("phq,phd->pqd", A[b, :, :n, j], f[b, :, j])  # what j's values brought to each query
+        y = block.finish(x[b, :n], a[b, :n] - removed)
+        out[b, j, :n] = _cosine_distance(y, base[b, :n]).float()
     return out.transpose(1, 2)
 
 
@@ -153,12 +154,16 @@ def _decomposition_maps(blocks, mask: Tensor, kinds: Sequence[str]) -> dict[str,
         parts: dict[str, list[Tensor]] = {k: [] for k in kinds}
         for s in range(0, B, step):
             sl = slice(s, s + step)
-            Td = token_decomposition(blk.internals.attention[sl], f[sl], blk.x[sl], blk.out_bias, blk.norm)
-            Td = Td * mask[sl, None, :, None]  # padded keys contribute nothing (their weight is 0 but for i = j)
+            n = int(mask[sl].sum(1).max())  # right padding: the chunk's padded tail is cut (probes come sorted)
+            m = mask[sl, :n]
+            Td = token_decomposition(blk.internals.attention[sl, :, :n, :n], f[sl, :, :n], blk.x[sl, :n],
+                                     blk.out_bias, blk.norm)
+            Td = Td * m[:, None, :, None]  # padded keys contribute nothing (their weight is 0 but for i = j)
             if "alti" in kinds:
-                parts["alti"].append(_clipped_rows_keep_self(alti_from_decomposition(Td), mask[sl]))
+                parts["alti"].append(F.pad(_clipped_rows_keep_self(alti_from_decomposition(Td), m),
+                                           (0, T - n, 0, T - n)))
             if "norm_resln" in kinds:
-                parts["norm_resln"].append(Td.norm(dim=-1))
+                parts["norm_resln"].append(F.pad(Td.norm(dim=-1), (0, T - n, 0, T - n)))
         for k in kinds:
             maps[k].append(_normalise_rows(torch.cat(parts[k]), mask).float())
     return {k: torch.stack(v, 1) for k, v in maps.items()}

@@ -247,3 +247,14 @@ def test_extra_padding_changes_nothing(fn):
     M, P = fn(m, ids, mask), fn(m, padded, padded != 0)
     torch.testing.assert_close(P[..., :9, :9], M, atol=1e-6, rtol=1e-5)
     assert (P[..., 9:, :] == 0).all() and (P[..., :, 9:] == 0).all()
+
+
+def test_value_zeroing_of_one_layer_alone_is_its_full_maps_row():
+    """Only one layer scored (no rollout): its copies run on <cls> alone; the row is the full map's."""
+    m = _model("concat", None, False, layers=3)
+    ids, mask = _batch()
+    full = value_zeroing(m, ids, mask)
+    scores = explain(m, ids, mask, ["value_zeroing_layer1", "alti"])
+    expected = full[:, 1, 0] * mask
+    expected[:, 0] = 0
+    torch.testing.assert_close(scores["value_zeroing_layer1"], expected, atol=1e-6, rtol=1e-5)

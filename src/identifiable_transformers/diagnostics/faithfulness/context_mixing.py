@@ -79,8 +79,11 @@ def _cosine_distance(y: Tensor, base: Tensor) -> Tensor:
     return (y - base).square().sum(-1) / 2
 
 
-def _value_zeroing_layer(block, mask: Tensor) -> Tensor:
-    """(B, T, T) unnormalised: [b, i, j] = cosine distance of output i with token j's values zeroed."""
+def _value_zeroing_layer(block, mask: Tensor, first_row_only: bool = False) -> Tensor:
+    """(B, T, T) unnormalised: [b, i, j] = cosine distance of output i with token j's values zeroed.
+
+    ``first_row_only``: only query 0's row (the rest 0), all that the ``<cls>`` row of a rollout needs of the last
+    layer; the rest of the layer is per token, so each copy then runs on one token instead of n."""
     x, a = block.x, block.attention_output()
     base = block.finish(x, a)  # (B, T, d): the unchanged output, through the same code as the copies
     A, f = block.internals.attention, _value_vectors(block.internals)
@@ -90,7 +93,8 @@ def _value_zeroing_layer(block, mask: Tensor) -> Tensor:
     step = max(1, _CHUNK_ELEMENTS // (T * d * 4))  # the feed-forward is typically 4d wide
     for s in range(0, len(b_idx), step):
         b, j = b_idx[s:s + step], j_idx[s:s + step]
-        n = int(mask[b].sum(1).max())  # right padding: the rest of the layer is per token, so cut the padded tail
+        # Right padding: the rest of the layer is per token, so the padded tail is cut.
+        n = 1 if first_row_only else int(mask[b].sum(1).max())
         removed = torch.einsum("phq,phd->pqd", A[b, :, :n, j], f[b, :, j])  # what j's values brought to each query
         y = block.finish(x[b, :n], a[b, :n] - removed)
         out[b, j, :n] = _cosine_distance(y, base[b, :n]).float()
@@ -205,8 +209,13 @@ def context_mixing_scores(model, input_ids: Tensor, mask: Tensor, names: Sequenc
                 raise ValueError(f"explainer {n!r}: the model has {len(blocks)} layers (0..{len(blocks) - 1})")
         maps = _decomposition_maps(blocks, mask, [k for k in kinds if k != "value_zeroing"])
         if "value_zeroing" in kinds:
+            # With <cls> pooling a score reads row 0 of the map it scores alone, and of a rollout's last factor:
+            # those layers' copies run on one token.
+            rollout = any(layer is None for kind, layer in parsed.values() if kind == "value_zeroing")
+            last = len(blocks) - 1
+            row0 = [model.pooling == "cls" and (i == last or not rollout) for i in range(len(blocks))]
             maps["value_zeroing"] = torch.stack(
-                [_normalise_rows(_value_zeroing_layer(blk, mask), mask) for blk in blocks], 1)
+                [_normalise_rows(_value_zeroing_layer(blk, mask, row0[i]), mask) for i, blk in enumerate(blocks)], 1)
     out = {}
     for n, (kind, layer) in parsed.items():
         M = rollout_maps(maps[kind]) if layer is None else maps[kind][:, layer]

@@ -182,6 +182,13 @@ class PretrainedClassifier(nn.Module):
             out.append(AttentionInternals(attention=weights, values=values, out_proj=w_o, head_output=head_output))
         return out
 
+    def encoder_blocks(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list:
+        """Per layer, its input, attention internals, norms and the rest of the layer (hf/blocks.py): what the
+        context-mixing explainers read. Call under ``torch.no_grad()`` in eval mode."""
+        from .blocks import encoder_blocks
+
+        return encoder_blocks(self, input_ids, attention_mask)
+
     @contextmanager
     def override_attention(self, hook: Callable[[int, torch.Tensor, torch.Tensor | None], torch.Tensor]
                            ) -> Iterator[None]:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import AttentionInternals, Dropout, MultiHeadSelfAttention
+from .blocks import EncoderBlock, encoder_blocks
 
 POSITIONALS = ("learned", "sinusoidal", "none")
 POOLINGS = ("cls", "mean")
@@ -214,3 +215,9 @@ class TransformerClassifier(nn.Module):
             out.append(layer.attn.internals(layer.attention_input(x), mask))
             x, _ = layer(x, mask)
         return out
+
+    def encoder_blocks(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                       ) -> list[EncoderBlock]:
+        """Per layer, its input, attention internals, norms and the rest of the layer (models/blocks.py): what the
+        context-mixing explainers read. Call under ``torch.no_grad()`` in eval mode."""
+        return encoder_blocks(self, input_ids, attention_mask)

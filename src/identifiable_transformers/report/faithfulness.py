@@ -15,10 +15,11 @@ import pandas as pd
 from .runs import GROUP
 
 FAITH_METRICS = ("comprehensiveness", "sufficiency", "tau_loo", "flip_frac", "rationale_auprc", "rationale_f1")
-FAITH_KEY = re.compile(rf"^val/faith/([a-z_]+)/({'|'.join(FAITH_METRICS)})$")
-EXPLAINER_ORDER = ("attention", "effective", "norm", "rollout", "grad_input", "integrated_gradients", "loo", "random")
+FAITH_KEY = re.compile(rf"^val/faith/([a-z0-9_]+)/({'|'.join(FAITH_METRICS)})$")
+EXPLAINER_ORDER = ("attention", "effective", "norm", "rollout", "value_zeroing", "alti", "norm_resln", "grad_input",
+                   "integrated_gradients", "loo", "random")
 # Explainers whose scores are non-negative, so that renormalised they are distributions over the tokens.
-DISTRIBUTION_EXPLAINERS = ("attention", "norm", "rollout")
+DISTRIBUTION_EXPLAINERS = ("attention", "norm", "rollout", "value_zeroing", "alti", "norm_resln")
 
 
 def _faith_column(runs: pd.DataFrame, explainer: str, metric: str) -> str | None:

@@ -40,6 +40,7 @@ from ..faithfulness import (
     integrated_gradients,
     rationale_mask,
     uniform_attention_logits,
+    unknown_explainers,
 )
 from .identifiability import IdentifiabilityCallback
 from .probes import DEFAULT_LENGTH_BINS, bin_key, bin_masks, check_length_bins, nanmean, resolve_length_bins
@@ -97,9 +98,10 @@ class FaithfulnessCallback(pl.Callback):
     ) -> None:
         super().__init__()
         explainers = list(explainers)
-        unknown = [e for e in explainers if e not in EXPLAINERS]
+        unknown = unknown_explainers(explainers)
         if unknown or not explainers:
-            raise ValueError(f"explainers must be a non-empty subset of {list(EXPLAINERS)}; got unknown {unknown}")
+            raise ValueError(f"explainers must be a non-empty subset of {list(EXPLAINERS)} (or <map>_layer<k>, e.g. "
+                             f"alti_layer0); got unknown {unknown}")
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
         if random_draws < 1:

@@ -14,13 +14,15 @@ Entry points:
     faithfulness_report(model, input_ids, attention_mask, labels, ...)     -> scores, metrics, per example
     plausibility_metrics(scores, attention_mask, rationale_mask)          -> rationale_auprc / rationale_f1
     integrated_gradients(model, input_ids, attention_mask, n_steps)        -> (scores, convergence delta)
+    value_zeroing / alti / norm_resln(model, input_ids, attention_mask)   -> (B, L, T, T) context-mixing maps
     adversarial_attention(model, input_ids, attention_mask, eps, ...)      -> (B, H) largest TV found
     uniform_attention_logits(model, input_ids, attention_mask)             -> logits under 1/n attention
     project_simplex(v, mask), kendall_tau_b(x, y, valid)                   -> the building blocks
 
 The code is split by concept: ``explainers`` (the scores), ``erasure`` (comprehensiveness, sufficiency,
 flip fraction), ``agreement`` (Kendall tau), ``uniform`` (the uniform-attention control), ``report``
-(faithfulness_report), ``plausibility`` (scores against rationales), ``random_control`` (the
+(faithfulness_report), ``context_mixing`` (value zeroing, ALTI, the norm with residual and LayerNorm),
+``plausibility`` (scores against rationales), ``random_control`` (the
 per-example seeded random order), ``adversarial`` (the search and the simplex projection), ``readout`` (how the
 masked copies run) and ``_common`` (shared helpers).
 """
@@ -28,8 +30,9 @@ masked copies run) and ``_common`` (shared helpers).
 from ...data.rationales import rationale_mask  # the batches' mask, one definition for data and diagnostics
 from .adversarial import adversarial_attention, project_simplex
 from .agreement import kendall_tau_b
+from .context_mixing import CONTEXT_MIXING, alti, norm_resln, rollout_maps, value_zeroing
 from .erasure import AOPC_BINS
-from .explainers import CHEAP_EXPLAINERS, EXPLAINERS, explain, integrated_gradients
+from .explainers import CHEAP_EXPLAINERS, EXPLAINERS, explain, integrated_gradients, unknown_explainers
 from .plausibility import PLAUSIBILITY_METRICS, average_precision, plausibility_metrics
 from .random_control import RANDOM_DRAWS, random_draws, random_scores
 from .report import METRICS, faithfulness_report
@@ -38,20 +41,26 @@ from .uniform import uniform_attention_logits
 __all__ = [
     "AOPC_BINS",
     "CHEAP_EXPLAINERS",
+    "CONTEXT_MIXING",
     "EXPLAINERS",
     "METRICS",
     "PLAUSIBILITY_METRICS",
     "RANDOM_DRAWS",
     "adversarial_attention",
+    "alti",
     "average_precision",
     "explain",
     "faithfulness_report",
     "integrated_gradients",
     "kendall_tau_b",
+    "norm_resln",
     "plausibility_metrics",
     "project_simplex",
     "random_draws",
     "random_scores",
+    "rollout_maps",
     "rationale_mask",
     "uniform_attention_logits",
+    "unknown_explainers",
+    "value_zeroing",
 ]

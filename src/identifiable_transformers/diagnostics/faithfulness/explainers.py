@@ -9,11 +9,18 @@ from torch import Tensor
 
 from ..maths.nullspace import effective_attention
 from ._common import _eval_with_grad, _finish, _inputs, _logits, _pinned, _pooled_rows, _scorable
+from .context_mixing import context_mixing_name, context_mixing_scores
 from .random_control import random_scores
 from .readout import _masked_probs
 
-EXPLAINERS = ("attention", "effective", "norm", "rollout", "grad_input", "integrated_gradients", "loo", "random")
+EXPLAINERS = ("attention", "effective", "norm", "rollout", "value_zeroing", "alti", "norm_resln", "grad_input",
+              "integrated_gradients", "loo", "random")
 CHEAP_EXPLAINERS = tuple(e for e in EXPLAINERS if e != "integrated_gradients")
+
+
+def unknown_explainers(names: Sequence[str]) -> list[str]:
+    """The names that are neither in ``EXPLAINERS`` nor a context-mixing map of one layer (``alti_layer0``)."""
+    return [e for e in names if e not in EXPLAINERS and context_mixing_name(e) is None]
 _ATTENTION_EXPLAINERS = ("attention", "effective", "norm", "rollout")
 
 
@@ -118,14 +125,16 @@ def explain(
     model, input_ids: Tensor, attention_mask: Tensor | None = None, explainers: Sequence[str] = CHEAP_EXPLAINERS,
     seed: int = 0, *, ig_steps: int = 32,
 ) -> dict[str, Tensor]:
-    """Token scores of each named explainer (``EXPLAINERS``): {name: (B, T) float32}, 0 at <cls> and padding.
+    """Token scores of each named explainer (``EXPLAINERS``; ``<map>_layer<k>`` scores one layer's context-mixing
+    map instead of its rollout): {name: (B, T) float32}, 0 at <cls> and padding.
 
     Scores explain the class the model predicts on the full input. Runs in eval mode (the previous
     mode is restored); higher score = more important.
     """
-    unknown = [e for e in explainers if e not in EXPLAINERS]
+    unknown = unknown_explainers(explainers)
     if unknown:
-        raise ValueError(f"unknown explainers {unknown}; use some of {list(EXPLAINERS)}")
+        raise ValueError(f"unknown explainers {unknown}; use some of {list(EXPLAINERS)} (or value_zeroing_layer<k>, "
+                         "alti_layer<k>, norm_resln_layer<k> for layer k's map)")
     with _eval_with_grad(model):
         ids, mask = _inputs(model, input_ids, attention_mask)
         with torch.no_grad():
@@ -135,6 +144,9 @@ def explain(
         out: dict[str, Tensor] = {}
         if any(e in _ATTENTION_EXPLAINERS for e in explainers):
             out.update(_attention_explainers(model, ids, mask, explainers))
+        mixing = [e for e in explainers if context_mixing_name(e) is not None]
+        if mixing:
+            out.update(context_mixing_scores(model, ids, mask, mixing))
         if "grad_input" in explainers:
             out["grad_input"] = _grad_input(model, ids, mask, pred)
         if "integrated_gradients" in explainers:

@@ -28,6 +28,7 @@ import torch
 from ...common.files import atomic_write
 from ...tracking.wandb_logging import log_epoch_media, logged_step, wandb_loggers
 from ..maths import attention_identifiability, identifiable_length
+from ..maths.key_aware_heads import key_aware_unsupported
 from .media import IdentifiabilityMedia, _render, attention_image  # noqa: F401 (re-exported)
 from .probes import (
     DEFAULT_LENGTH_BINS,
@@ -198,6 +199,7 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         self.key_aware_examples, self.key_aware_every_n_epochs = key_aware_examples, key_aware_every_n_epochs
         self.key_aware_max_length = key_aware_max_length
         self._key_aware_probe: dict[str, Any] | None = None
+        self._key_aware_skipped = False
         self.probe_size, self.every_n_epochs, self.seed = probe_size, every_n_epochs, seed
         self.num_plot_examples, self.max_probe_length = num_plot_examples, max_probe_length
         self.output_dir = output_dir
@@ -331,6 +333,13 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         """The key-aware count on the long probe sentences; writes ``<folder>/key_aware.json``."""
         from .key_aware_probe import key_aware_batch, key_aware_metrics, select_key_aware_examples
 
+        reason = key_aware_unsupported(pl_module.model)
+        if reason is not None:  # DeBERTa, ModernBERT (docs/pretrained.md): said once, not an error mid-fit
+            if not self._key_aware_skipped:
+                log.warning("key-aware count skipped: %s, so its maps are not softmax(s Q K^T) of the projections",
+                            reason)
+                self._key_aware_skipped = True
+            return {}
         if self._key_aware_probe is None:
             dm, model = trainer.datamodule, pl_module.model
             cap = min(self.key_aware_max_length or getattr(dm, "max_length", None) or model.max_len, model.max_len)

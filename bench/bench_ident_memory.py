@@ -7,7 +7,7 @@ tokens (the worst chunk: every chunk runs at the probe's width, and the maths of
 peak is the child process's resident high-water mark after the pass minus before it (the model built and run
 once). ``--bert-base`` uses BERT-base's sizes (12 layers, 768, 12 heads, 3072). Usage:
 
-    python bench/bench_ident_memory.py [--probe 8] [--chunk 4] [--threads 2] [--bert-base] [--whole]
+    python bench/bench_ident_memory.py [--probe 8] [--chunk 2] [--threads 2] [--bert-base] [--whole]
 
 ``--whole`` analyses the whole probe at once (chunk_size=None), as before issue 39: at 512 tokens that needs
 gigabytes per probe example, so keep ``--probe`` small with it.
@@ -55,7 +55,7 @@ print(json.dumps({"before_mb": before, "peak_mb": after, "added_mb": after - bef
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--probe", type=int, default=8)
-    p.add_argument("--chunk", type=int, default=4, help="the callback's chunk_size (its default: 4)")
+    p.add_argument("--chunk", type=int, default=2, help="the callback's chunk_size (its default: 2)")
     p.add_argument("--whole", action="store_true", help="chunk_size=None: the whole probe at once")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--bert-base", action="store_true")

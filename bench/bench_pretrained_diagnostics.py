@@ -7,7 +7,7 @@ pretrained classifier, measured side by side in one process:
     AdamW; ``--steps`` batches are timed and the epoch extrapolated from their mean (say so when quoting it);
   * what the callbacks compute each epoch at the defaults of ``model=pretrained`` (conf/model/pretrained.yaml,
     ``diagnostics``): the identifiability pass on the probe (``--probe``, stratified by length as the callback
-    draws it, chunk_size 4), the key-aware count on 3 examples (max_length, /4, /16) and the faithfulness pass
+    draws it, chunk_size 2), the key-aware count on 3 examples (max_length, /4, /16) and the faithfulness pass
     (every cheap explainer, ``--random-draws`` draws of the random control);
   * the end-of-fit tier: integrated gradients (32 steps) on the probe and the adversarial search on
     ``--adv-examples`` examples, ``--adv-steps`` steps, ``--adv-restarts`` restarts.
@@ -113,7 +113,7 @@ def main() -> None:
     idx = select_probe_indices(lengths, a.probe, 0, a.max_length, strata=doubling_strata(a.max_length))
     ids, mask = _batch(lengths[idx], rng)
     with _Clock() as ident:
-        attention_identifiability(model, ids, mask, chunk_size=4)
+        attention_identifiability(model, ids, mask, chunk_size=2)
     cut = key_aware_targets(3, a.max_length)
     k_ids, k_mask = _batch(np.array(cut), rng)
     with _Clock() as key_aware:

@@ -175,7 +175,7 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         probe_strata: Sequence[int] | None = None,
         length_bins: Sequence[int | str] | None = DEFAULT_LENGTH_BINS,
         device: str | None = None,
-        chunk_size: int | None = 4,
+        chunk_size: int | None = 2,
     ) -> None:
         super().__init__()
         if probe_size < 1:

@@ -23,7 +23,15 @@ def wordpiece_vocab(seed: int | None = None) -> dict[str, int]:
 
 
 def tiny_config(family: str, vocab_size: int, heads: int = 4, layers: int = 2, positions: int = 130):
-    from transformers import BertConfig, DistilBertConfig, RobertaConfig, XLMRobertaConfig
+    from transformers import (
+        BertConfig,
+        DebertaV2Config,
+        DistilBertConfig,
+        ElectraConfig,
+        ModernBertConfig,
+        RobertaConfig,
+        XLMRobertaConfig,
+    )
 
     common = dict(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=layers, num_attention_heads=heads,
                   intermediate_size=37, max_position_embeddings=positions)
@@ -37,6 +45,17 @@ def tiny_config(family: str, vocab_size: int, heads: int = 4, layers: int = 2, p
     if family == "distilbert":
         return DistilBertConfig(vocab_size=vocab_size, dim=32, n_layers=layers, n_heads=heads, hidden_dim=37,
                                 max_position_embeddings=positions)
+    if family == "electra":  # embeddings narrower than the hidden size, projected up (as electra-small's)
+        return ElectraConfig(**common, embedding_size=16)
+    if family == "deberta-v2":  # v3's layout: relative attention, both position terms, log buckets, shared keys
+        return DebertaV2Config(**common, relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8,
+                               max_relative_positions=-1, share_att_key=True, position_biased_input=False,
+                               norm_rel_ebd="layer_norm", pad_token_id=0)
+    if family == "modernbert":  # one global layer, one local layer (window 8 < the 20-token example)
+        return ModernBertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=layers,
+                                num_attention_heads=heads, intermediate_size=37, max_position_embeddings=positions,
+                                global_attn_every_n_layers=2, local_attention=8, pad_token_id=0, bos_token_id=2,
+                                eos_token_id=3, cls_token_id=2, sep_token_id=3)
     raise ValueError(family)
 
 

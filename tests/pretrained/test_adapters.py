@@ -12,7 +12,9 @@ from identifiable_transformers.diagnostics.maths.key_aware_heads import head_inp
 from identifiable_transformers.hf.encoder import build_pretrained_classifier
 from identifiable_transformers.models import override_attention
 
-FAMILIES = [("bert", 4), ("roberta", 2), ("xlm-roberta", 4), ("distilbert", 4)]
+FAMILIES = [("bert", 4), ("roberta", 2), ("xlm-roberta", 4), ("distilbert", 4), ("electra", 4), ("deberta-v2", 4),
+            ("modernbert", 4)]
+NO_KEY_AWARE = ("deberta-v2", "modernbert")  # their scores are not s Q K^T of the projections alone
 VOCAB = 60
 
 
@@ -21,6 +23,17 @@ def _value_and_output(ref, family: str, layer: int) -> tuple[torch.nn.Linear, to
     if family == "distilbert":
         att = ref.transformer.layer[layer].attention
         return att.v_lin, att.out_lin
+    if family == "deberta-v2":
+        block = ref.encoder.layer[layer].attention
+        return block.self.value_proj, block.output.dense
+    if family == "modernbert":  # the value rows of the fused Wqkv (q, k, v blocks, head-major within each)
+        att = ref.layers[layer].attn
+        d = att.Wo.in_features
+        v = torch.nn.Linear(att.Wqkv.in_features, d, bias=att.Wqkv.bias is not None)
+        v.weight.data = att.Wqkv.weight.data[2 * d:]
+        if att.Wqkv.bias is not None:
+            v.bias.data = att.Wqkv.bias.data[2 * d:]
+        return v, att.Wo
     block = ref.encoder.layer[layer].attention
     return block.self.value, block.output.dense
 
@@ -54,7 +67,8 @@ def test_attention_maps_and_hidden_states_are_the_models_own(pair):
     for theirs, a, inner in zip(out.attentions, ours.attentions, internals):
         torch.testing.assert_close(a, theirs, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(inner.attention, theirs, rtol=1e-5, atol=1e-6)
-        assert torch.all(inner.attention.masked_select(~mask[:, None, None, :]) == 0)  # padded keys: exactly 0
+        # padded keys: exactly 0 (on real queries: DeBERTa masks padded query rows whole, a uniform row)
+        assert torch.all(inner.attention.masked_select(mask[:, None, :, None] & ~mask[:, None, None, :]) == 0)
     torch.testing.assert_close(ours.hidden_states, out.last_hidden_state, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ours.logits, model.head(out.last_hidden_state[:, 0]), rtol=1e-5, atol=1e-5)
 
@@ -69,8 +83,12 @@ def test_null_dims_and_effective_attention_match_an_independent_computation(pair
     for b, n in enumerate(mask.sum(1).tolist()):
         for l in range(2):
             v_lin, o_lin = _value_and_output(ref, family, l)
-            X = out.hidden_states[l][b, :n].double()  # the layer's input
-            V = X @ v_lin.weight.double().T + v_lin.bias.double()  # (n, H dh), head-major
+            X = out.hidden_states[l][b, :n]  # the layer's input
+            if family == "modernbert":
+                X = ref.layers[l].attn_norm(X)  # pre-norm: the attention reads the normalised input
+            V = X.double() @ v_lin.weight.double().T  # (n, H dh), head-major
+            if v_lin.bias is not None:
+                V = V + v_lin.bias.double()
             for h in range(H):
                 T = V[:, h * dh:(h + 1) * dh] @ o_lin.weight.double()[:, h * dh:(h + 1) * dh].T  # (n, d)
                 rank = int(torch.linalg.matrix_rank(T))  # tolerance sigma_max * max(n, d) * eps, as documented
@@ -86,6 +104,10 @@ def test_null_dims_and_effective_attention_match_an_independent_computation(pair
 
 def test_key_aware_count_reads_the_models_queries_and_keys(pair):
     family, model, ref, ids, mask = pair
+    if family in NO_KEY_AWARE:
+        with pytest.raises(ValueError, match="key-aware count does not apply"):
+            head_inputs(model, ids, mask)
+        return
     heads = head_inputs(model, ids, mask)
     with torch.no_grad():
         hidden = ref(input_ids=ids, attention_mask=mask.long(), output_hidden_states=True).hidden_states

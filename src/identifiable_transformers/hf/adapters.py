@@ -8,6 +8,10 @@ function, :func:`attention_forward`, that computes exactly what transformers' ea
 values or replaces its weights (the diagnostics' ``override_attention``). Nothing else of the model changes,
 so the maps it records are the model's own. Without a request it calls torch's fused kernel, as ``sdpa`` does.
 
+DeBERTa-v2/v3 computes its disentangled attention in its own module, outside ``AttentionInterface``; its family
+installs :class:`WeightsTap` in that module instead (:func:`tap_disentangled`), at the one place every
+softmax map passes (its attention dropout), so the same requests reach it (docs/pretrained.md, "DeBERTa").
+
 A :class:`Family` names, per architecture, the encoder layers, each layer's attention module (the one the
 attention function receives), its query / key / value projections, its output projection (whose input is
 the heads' outputs concatenated, head-major) and the word embeddings, and how many positions an input may
@@ -97,6 +101,10 @@ class Family:
     output: Callable[[nn.Module], nn.Linear]  # layer -> the output projection, (H d_h -> d)
     word_embeddings: Callable[[nn.Module], nn.Embedding]
     max_tokens: Callable[[object], int]  # config -> the longest input its positions allow
+    # attention module -> None: routes its maps through AttentionState where AttentionInterface does not
+    install: Callable[[nn.Module], None] | None = None
+    # Why the key-aware count (which recomputes A = softmax(s Q K^T) from the projections) does not apply; None: it does
+    key_aware_unsupported: str | None = None
 
 
 def _bert_self(layer: nn.Module) -> nn.Module:
@@ -124,7 +132,82 @@ DISTILBERT = Family(
     output=lambda l: l.attention.out_lin, word_embeddings=lambda m: m.embeddings.word_embeddings,
     max_tokens=lambda c: int(c.max_position_embeddings),
 )
-FAMILIES = (BERT, ROBERTA, DISTILBERT)
+# ELECTRA's discriminator is a BERT encoder (its embeddings may be narrower, projected up to the hidden size).
+ELECTRA = Family(
+    name="electra", model_types=("electra",),
+    layers=BERT.layers, attention=BERT.attention, query=BERT.query, key=BERT.key, value=BERT.value,
+    output=BERT.output, word_embeddings=BERT.word_embeddings, max_tokens=BERT.max_tokens,
+)
+
+
+class WeightsTap(nn.Module):
+    """Stands in for DeBERTa's attention dropout, which receives every softmax map (B, H, T, T): applies
+    ``AttentionState``'s requests to it (hook, records), then the dropout. No parameters: the state dict is the
+    model's. The values (with bias) are recorded by a forward hook on the value projection."""
+
+    def __init__(self, attention: nn.Module, dropout: nn.Module):
+        super().__init__()
+        self.dropout = dropout
+        self._attention = [attention]  # a list: not a submodule (no cycle in the module tree)
+
+    def forward(self, weights: torch.Tensor) -> torch.Tensor:
+        attn = self._attention[0]
+        state: AttentionState | None = getattr(attn, "_idt_state", None)
+        if state is not None and state.active:
+            layer = attn._idt_layer
+            if state.hook is not None:  # DeBERTa views the result as (B H, T, T): it must be contiguous
+                weights = state.hook(layer, weights, state.key_mask).contiguous()
+            if state.capture:
+                state.record[layer] = (weights, attn._idt_values)
+            if state.weights is not None:
+                state.weights[layer] = weights
+        return self.dropout(weights)
+
+
+def tap_disentangled(attn: nn.Module) -> None:
+    """Install :class:`WeightsTap` in a DeBERTa-v2 ``DisentangledSelfAttention`` (once)."""
+    if isinstance(attn.dropout, WeightsTap):
+        return
+
+    def keep_values(_mod, _inp, out):  # (B, T, H d_h) -> (B, H, T, d_h), as the attention function receives them
+        state = getattr(attn, "_idt_state", None)
+        if state is not None and state.capture:
+            attn._idt_values = out.view(*out.shape[:2], attn.num_attention_heads, -1).transpose(1, 2)
+
+    attn.value_proj.register_forward_hook(keep_values)
+    attn.dropout = WeightsTap(attn, attn.dropout)
+
+
+def _deberta_self(layer: nn.Module) -> nn.Module:
+    return layer.attention.self
+
+
+# DeBERTa-v2/v3: A = softmax(Q K^T / sqrt(3 d_h) + c2p + p2c) (relative-position terms), masked, and the head
+# outputs A V with V = X W_v + b_v: the map is still a softmax over scores and the output still A V, so
+# T = V W_o^h holds and every null-space quantity applies; only the key-aware count, which recomputes A from
+# Q K^T alone, does not.
+DEBERTA_V2 = Family(
+    name="deberta-v2", model_types=("deberta-v2",),
+    layers=lambda m: m.encoder.layer, attention=_deberta_self,
+    query=lambda l: _deberta_self(l).query_proj, key=lambda l: _deberta_self(l).key_proj,
+    value=lambda l: _deberta_self(l).value_proj,
+    output=lambda l: l.attention.output.dense, word_embeddings=lambda m: m.embeddings.word_embeddings,
+    max_tokens=lambda c: int(c.max_position_embeddings), install=tap_disentangled,
+    key_aware_unsupported="DeBERTa's scores add relative-position terms (c2p, p2c) to Q K^T",
+)
+# ModernBERT: fused Wqkv, rotary positions on queries and keys, and every few layers a sliding-window mask. The
+# attention function receives the rotated queries and keys and the (windowed) additive mask, so the maps and
+# values are the model's own; the key-aware count's hooks on separate query / key projections have nothing to read.
+MODERNBERT = Family(
+    name="modernbert", model_types=("modernbert",),
+    layers=lambda m: m.layers, attention=lambda l: l.attn,
+    query=lambda l: None, key=lambda l: None, value=lambda l: None,
+    output=lambda l: l.attn.Wo, word_embeddings=lambda m: m.embeddings.tok_embeddings,
+    max_tokens=lambda c: int(c.max_position_embeddings),
+    key_aware_unsupported=("ModernBERT fuses its projections (Wqkv), rotates queries and keys and windows the "
+                           "attention of its local layers"),
+)
+FAMILIES = (BERT, ROBERTA, DISTILBERT, ELECTRA, DEBERTA_V2, MODERNBERT)
 SUPPORTED_MODEL_TYPES = tuple(t for f in FAMILIES for t in f.model_types)
 
 

@@ -1,7 +1,7 @@
 """A pretrained Hugging Face encoder with a linear classification head, read like a TransformerClassifier.
 
-``PretrainedClassifier`` wraps ``AutoModel`` (BERT, RoBERTa, DistilBERT, MiniLM: the families of
-hf_adapters.py) and exposes what the project's diagnostics consume from its own encoders: ``forward`` ->
+``PretrainedClassifier`` wraps ``AutoModel`` (BERT, RoBERTa, DistilBERT, MiniLM, ELECTRA, DeBERTa-v2/v3, ModernBERT:
+the families of adapters.py) and exposes what the project's diagnostics consume from its own encoders: ``forward`` ->
 ``ClassifierOutput``, ``attention_internals`` (each layer's weights, values and per-head output projections,
 ``AttentionInternals``), ``override_attention`` (hooks on every layer's weights), ``token_embedding``,
 ``layers[i].attn.q_proj / k_proj`` (the key-aware count's hooks) and the configuration attributes
@@ -88,6 +88,8 @@ class PretrainedClassifier(nn.Module):
         for i, layer in enumerate(layers):
             attn = family.attention(layer)
             attn._idt_state, attn._idt_layer = self._state, i
+            if family.install is not None:  # a family outside AttentionInterface (DeBERTa): tap its softmax maps
+                family.install(attn)
 
     def set_tokenizer(self, tokenizer: Tokenizer, score_special_tokens: bool = False) -> None:
         """What the model reads from its tokenizer (a ``tokenizers.Tokenizer``): the separator that starts a pair's

@@ -29,6 +29,7 @@ from ...common.files import atomic_write
 from ...common.progress import bar_on, stage
 from ...tracking.wandb_logging import log_epoch_media, logged_step, wandb_loggers
 from ..maths import attention_identifiability, identifiable_length
+from ..maths.key_aware_heads import key_aware_unsupported
 from .media import IdentifiabilityMedia, _render, attention_image  # noqa: F401 (re-exported)
 from .probes import (
     DEFAULT_LENGTH_BINS,
@@ -151,6 +152,9 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         key_aware_every_n_epochs: count on every n-th diagnosed epoch; None = once, at the end of
             fit (for long inputs, where one count costs seconds per head).
         key_aware_max_length: the longest probe; None = the data's ``max_length`` (else the model's).
+        chunk_size: probe examples analysed at a time, grouped by length (the logged numbers are the same for
+            every value); None = the whole probe at once. At 512 tokens the whole default probe of a
+            MiniLM-sized encoder holds gigabytes of float64 maps (docs/performance.md).
     """
 
     def __init__(
@@ -172,12 +176,15 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         probe_strata: Sequence[int] | None = None,
         length_bins: Sequence[int | str] | None = DEFAULT_LENGTH_BINS,
         device: str | None = None,
+        chunk_size: int | None = 2,
     ) -> None:
         super().__init__()
         if probe_size < 1:
             raise ValueError(f"probe_size must be >= 1, got {probe_size}")
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
+        if chunk_size is not None and chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1 or null (the whole probe at once), got {chunk_size}")
         if plot_every_n_epochs < 1:
             raise ValueError(f"plot_every_n_epochs must be >= 1, got {plot_every_n_epochs}")
         if num_plot_examples < 0:
@@ -195,10 +202,11 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
             raise ValueError(f"probe_strata must be token counts >= 1 (or null: doubling), got {list(probe_strata)}")
         self.length_bins = check_length_bins(length_bins)
         self.probe_strata = None if probe_strata is None else [int(e) for e in probe_strata]
-        self.device = device
+        self.device, self.chunk_size = device, chunk_size
         self.key_aware_examples, self.key_aware_every_n_epochs = key_aware_examples, key_aware_every_n_epochs
         self.key_aware_max_length = key_aware_max_length
         self._key_aware_probe: dict[str, Any] | None = None
+        self._key_aware_skipped = False
         self.probe_size, self.every_n_epochs, self.seed = probe_size, every_n_epochs, seed
         self.num_plot_examples, self.max_probe_length = num_plot_examples, max_probe_length
         self.output_dir = output_dir
@@ -305,6 +313,7 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
             batch["input_ids"].to(pl_module.device),
             batch["attention_mask"].to(pl_module.device),
             device=self.maths_device(pl_module),
+            chunk_size=self.chunk_size,
         )
         metrics = summarize_report(report, bins=probe["length_bins"])
         bounds = probe["bounds"]
@@ -336,6 +345,13 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         """The key-aware count on the long probe sentences; writes ``<folder>/key_aware.json``."""
         from .key_aware_probe import key_aware_batch, key_aware_metrics, select_key_aware_examples
 
+        reason = key_aware_unsupported(pl_module.model)
+        if reason is not None:  # DeBERTa, ModernBERT (docs/pretrained.md): said once, not an error mid-fit
+            if not self._key_aware_skipped:
+                log.warning("key-aware count skipped: %s, so its maps are not softmax(s Q K^T) of the projections",
+                            reason)
+                self._key_aware_skipped = True
+            return {}
         if self._key_aware_probe is None:
             dm, model = trainer.datamodule, pl_module.model
             cap = min(self.key_aware_max_length or getattr(dm, "max_length", None) or model.max_len, model.max_len)

@@ -59,34 +59,40 @@ def identifiability_from_internals(
     The maths runs on ``device`` (None: the CPU); the report's tensors are returned on the CPU either way.
     """
     lengths = _lengths_from_mask(attention_mask)
-    A_all, T_all = value_output_matrices(internals, device)
-    dev = A_all.device
-    B, L, H = A_all.shape[:3]
-    d = T_all.shape[-1]
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    B, L = lengths.shape[0], len(internals)
+    H, d = internals[0].out_proj.shape[0], internals[0].out_proj.shape[-1]
     out: dict[str, Any] = {
         k: torch.zeros(B, L, H, dtype=torch.long if k.endswith(("null_dim", "rank")) else _F64, device=dev)
         for k in (*HEAD_METRICS, *EPS_METRICS, "rank", "stochastic_rank", "tol", "stochastic_tol", "witness_rel_error")
     }
     out["joint_null_dim"] = torch.zeros(B, L, dtype=torch.long, device=dev)
     out["joint_stochastic_null_dim"] = torch.zeros(B, L, dtype=torch.long, device=dev)
-    maps: list[dict[str, Tensor] | None] = [None] * B
-    # Group examples by exact length: one batched SVD per length, and T is never padded.
-    for n in lengths.unique().tolist():
-        idx = (lengths == n).nonzero().flatten().to(dev)
-        A = A_all[idx][..., :n, :n]  # (k, L, H, n, n)
-        T = T_all[idx][..., :n, :]  # (k, L, H, n, d)
-        res = analyse_heads(A, T, return_maps=return_maps)
-        res.update(epsilon_tv_metrics(A, T, res["alt_attention_tv"]))
-        for key in out:
-            if key in res:
-                out[key][idx] = res[key].to(out[key].dtype)
-        jn, jsn = _joint_null_dims(T)
-        out["joint_null_dim"][idx] = jn.to(torch.long)
-        out["joint_stochastic_null_dim"][idx] = jsn.to(torch.long)
-        if return_maps:
-            for j, b in enumerate(idx.tolist()):
-                maps[b] = {k: res[k][j].cpu() for k in ("attention", "effective", "alternative", "alt_tv_rows",
-                                                         "witness_rel_error")}
+    map_keys = ("attention", "effective", "alternative", "alt_tv_rows", "witness_rel_error")
+    layer_maps: list[dict[str, list[Tensor]]] = [{k: [] for k in map_keys} for _ in range(B)]
+    # One layer at a time (issue 39): the float64 stacks of all layers at 512 tokens take gigabytes. Every
+    # quantity is per head or per layer, so the numbers are those of all layers at once.
+    for l, layer in enumerate(internals):
+        A_l, T_l = value_output_matrices([layer], dev)  # (B, 1, H, T, T), (B, 1, H, T, d)
+        # Group examples by exact length: one batched SVD per length, and T is never padded.
+        for n in lengths.unique().tolist():
+            idx = (lengths == n).nonzero().flatten().to(dev)
+            A = A_l[idx][..., :n, :n]  # (k, 1, H, n, n)
+            T = T_l[idx][..., :n, :]  # (k, 1, H, n, d)
+            res = analyse_heads(A, T, return_maps=return_maps)
+            res.update(epsilon_tv_metrics(A, T, res["alt_attention_tv"]))
+            for key in out:
+                if key in res:
+                    out[key][idx, l] = res[key][:, 0].to(out[key].dtype)
+            jn, jsn = _joint_null_dims(T)
+            out["joint_null_dim"][idx, l] = jn[:, 0].to(torch.long)
+            out["joint_stochastic_null_dim"][idx, l] = jsn[:, 0].to(torch.long)
+            if return_maps:
+                for j, b in enumerate(idx.tolist()):
+                    for k in map_keys:
+                        layer_maps[b][k].append(res[k][j].cpu())
+        del A_l, T_l
+    maps = [{k: torch.cat(v[k]) for k in map_keys} for v in layer_maps] if return_maps else None
     out = {k: v.cpu() for k, v in out.items()}
     out["lengths"] = lengths
     # tol = sigma_max(T) * rtol with rtol = max(n, d) * eps (per example); stochastic: max(n, d+1).
@@ -118,6 +124,7 @@ def attention_identifiability(
     *,
     return_maps: bool = False,
     device: torch.device | str | None = None,
+    chunk_size: int | None = None,
 ) -> dict[str, Any]:
     """Identifiability report for a batch (docs/identifiability.md section 2), per example, layer and head.
 
@@ -129,9 +136,49 @@ def attention_identifiability(
     ``lengths`` [B], ``rtol`` [B] (tol = sigma_max * rtol) and, with ``return_maps``, ``maps``: per
     example a dict of [L, H, n, n] raw / effective / alternative attention maps. The attention runs where the
     model is; the float64 maths on ``device`` (None: the CPU); the report is on the CPU.
+
+    ``chunk_size``: run the model and the maths on at most this many examples at a time, grouped by length
+    (issue 39: the float64 stacks of a whole probe at 512 tokens take tens of gigabytes); None: the whole batch
+    at once. Every quantity is per example and the model runs at the batch's width either way, so the report
+    is the same, bit for bit.
     """
-    internals, attention_mask = _run_internals(model, input_ids, attention_mask)
-    return identifiability_from_internals(internals, attention_mask, return_maps=return_maps, device=device)
+    if chunk_size is None:
+        internals, attention_mask = _run_internals(model, input_ids, attention_mask)
+        return identifiability_from_internals(internals, attention_mask, return_maps=return_maps, device=device)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size}")
+    if attention_mask is None:
+        attention_mask = input_ids != model.pad_id
+    lengths = _lengths_from_mask(attention_mask)
+    order = torch.argsort(lengths, stable=True)  # chunks of similar lengths: the maths cuts each to its longest
+    parts = []
+    for lo in range(0, len(order), chunk_size):
+        idx = order[lo : lo + chunk_size]
+        rows = idx.to(input_ids.device)
+        # The model runs at the batch's full width, as on the whole batch: a narrower input changes its float32
+        # rounding, and some reported quantities (eps_tv) jump with it.
+        internals, mask = _run_internals(model, input_ids[rows], attention_mask[rows])
+        parts.append((idx, identifiability_from_internals(internals, mask, return_maps=return_maps, device=device)))
+        del internals
+    return merge_reports(parts, len(order))
+
+
+def merge_reports(parts: Sequence[tuple[Tensor, dict[str, Any]]], size: int) -> dict[str, Any]:
+    """One report of ``size`` examples from reports of some of them: (their positions [k], their report)."""
+    out: dict[str, Any] = {}
+    for idx, report in parts:
+        for key, value in report.items():
+            if key == "maps":
+                slots = out.setdefault(key, [None] * size)
+                for j, b in enumerate(idx.tolist()):
+                    slots[b] = value[j]
+            elif isinstance(value, Tensor) and value.dim() > 0:
+                if key not in out:
+                    out[key] = value.new_zeros(size, *value.shape[1:])
+                out[key][idx] = value
+            else:  # per report, the same in every part (eps)
+                out[key] = value
+    return out
 
 
 def attention_maps(

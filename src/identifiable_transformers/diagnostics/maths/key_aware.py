@@ -42,10 +42,16 @@ import torch
 from torch import Tensor
 
 # identifiability.py re-exports this module at its end, after these are defined, so the import is not circular.
-from .nullspace import _rank_from_singular_values, _with_ones_column, stochastic_null_dim
+from .key_aware_ranks import _EPS, _F64, _split_ones, _svd_rank
+from .key_aware_system import (  # noqa: F401 (_gram: re-exported for the tests and benches)
+    _certify_full_rank,
+    _gram,
+    _group_constant,
+    _inverse_bound,
+    _stack_rows,
+)
+from .nullspace import stochastic_null_dim
 
-_F64 = torch.float64
-_EPS = torch.finfo(_F64).eps
 # "auto" takes the dense path where J (n^2 x 2 n d_k entries) has at most this many entries. Measured
 # (bench/bench_key_aware.py --crossover, and warm in one process): the structured count is as fast or faster
 # at every size down to n = 3, and a fresh process pays about 1 s to start torch.func, so "auto" never takes it.
@@ -59,60 +65,15 @@ DENSE_MAX_ELEMENTS = 0
 # 10-100 times below the tolerance (sigma_max max(rows, cols) eps), so correct counts of short heads have
 # margins of 30-200 (tests/diagnostics/test_diagnostics_callback.py's tiny model).
 UNRESOLVED_MARGIN = 10.0
-# Key systems whose smaller side is at most this are ranked by a direct SVD.
-_DIRECT_SVD_MAX = 1536
 # Rows of B (n x n x d each) handled per batched SVD, to bound memory.
 _ROW_CHUNK = 64
 
 
-def _svd_rank(s: Tensor, rows: int, cols: int, scale: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """Rank, tolerance and margin from singular values s [..., k] (descending) of rows x cols matrices.
-
-    margin = min(s_r / tol, tol / s_{r+1}): the distance, as a ratio, of the closest singular value
-    to the threshold (inf when there is none on one side). ``scale``: the matrices' known scale, for products
-    of orthonormal bases (scale 1), whose own largest singular value can itself be rounding noise; the tolerance
-    is then scale * max(rows, cols) * eps instead of relative to s_1.
-    """
-    if scale is None:
-        rank, tol = _rank_from_singular_values(s, rows, cols)  # the rule every rank of the package uses
-    else:
-        tol = torch.full(s.shape[:-1], scale * max(rows, cols) * _EPS, dtype=s.dtype, device=s.device)
-        rank = (s > tol.unsqueeze(-1)).sum(-1)
-    keep = s > tol.unsqueeze(-1)
-    inf = torch.full_like(tol, math.inf)
-    if s.shape[-1]:
-        above = torch.where(keep, s, math.inf).min(-1).values
-        below = torch.where(keep, -math.inf, s).max(-1).values
-    else:
-        above, below = inf, -inf
-    m_above = torch.where(tol > 0, above / tol, inf)
-    m_below = torch.where((below > 0) & (tol > 0), tol / below, inf)
-    return rank, tol, torch.minimum(m_above, m_below)
+# Key systems whose smaller side is at most this are ranked by a direct SVD.
+_DIRECT_SVD_MAX = 1536
 
 
-def _split_ones(M: Tensor) -> tuple[Tensor, Tensor, int, float]:
-    """Bases of col([M, 1]) without the ones direction, and of its complement.
-
-    Returns (C, N, r, margin): r = rank([M, c 1]) with c = sigma_max(M) / sqrt(n) (the scaling of
-    ``stochastic_null_dim``), C [n, r - 1] an orthonormal basis of col([M, 1]) orthogonal to 1,
-    N [n, n - r] one of the orthogonal complement of col([M, 1]). Splitting the ones direction off
-    exactly matters: softmax's tangent map kills it (P_i 1 = 0), and leaving it to a numerical
-    rank decision turns exact zeros into rounding noise near the tolerance.
-    """
-    n = M.shape[0]
-    smax = torch.linalg.svdvals(M)[0] if M.numel() else M.new_zeros(())
-    U, s, _ = torch.linalg.svd(_with_ones_column(M, smax), full_matrices=True)
-    r, _, margin = _svd_rank(s, n, M.shape[1] + 1)
-    r = int(r)
-    ones = M.new_full((n, 1), 1.0 / math.sqrt(n))
-    C = U[:, :r] - ones @ (ones.T @ U[:, :r])  # rank r - 1: 1 lies in col([M, 1])
-    C = torch.linalg.svd(C, full_matrices=False)[0][:, : r - 1]
-    return C, U[:, r:], r, float(margin)
-
-
-# ----------------------------------------------------------------------------------------------
-# The key system E: rows (i, c) = Z'_ic (x) q_i / |q_i|, columns vec(Y'), Y' [(n - r_K~), r_Q]
-# ----------------------------------------------------------------------------------------------
+# Here, not in key_aware_system.py, so that the constant and the paths it picks can be patched on this module.
 def _key_system_rank(Z: Tensor, qn: Tensor, live: Tensor) -> dict[str, Any]:
     """Rank of the stacked key system. Z [n, p, m] (dead columns zero), qn [n, r] unit queries, live [n, m].
 
@@ -140,127 +101,6 @@ def _key_system_rank(Z: Tensor, qn: Tensor, live: Tensor) -> dict[str, Any]:
     s = torch.linalg.svdvals(R)
     rank, tol, margin = _svd_rank(s, rows, cols)
     return {"rank": int(rank), "tol": float(tol), "margin": float(margin), "how": "qr+svd", "shape": [rows, cols]}
-
-
-def _inverse_bound(R: Tensor, rows: int, cols: int) -> dict[str, float] | None:
-    """Full rank from the R factor without its SVD, or None: sigma_min(R) >= 1 / ||R^-1||_F.
-
-    R [k, k] is triangular, so its inverse costs k^3 / 3 (an SVD about 10 k^3). The tolerance uses
-    ||R||_F >= sigma_max, so it is never below the SVD path's; the bound loses at most sqrt(k) against the
-    true sigma_min, and the computed inverse is accurate to about k eps kappa(R) (relative), far below
-    that factor wherever this path decides. Margin: the bound over the tolerance (a lower bound on it).
-    """
-    k = R.shape[0]
-    if k == 0 or not bool(torch.isfinite(R).all()) or float(R.diagonal().abs().min()) == 0.0:
-        return None
-    tol = float(torch.linalg.matrix_norm(R)) * max(rows, cols) * _EPS
-    Rinv = torch.linalg.solve_triangular(R, torch.eye(k, dtype=R.dtype), upper=True)
-    inv_norm = float(torch.linalg.matrix_norm(Rinv))
-    del Rinv
-    if not math.isfinite(inv_norm) or inv_norm == 0.0:
-        return None
-    lower = 1.0 / inv_norm
-    if lower > 2.0 * tol:
-        return {"tol": tol, "margin": lower / tol}
-    return None
-
-
-def _stack_rows(Z: Tensor, qn: Tensor, live: Tensor) -> Tensor:
-    """E [rows, p r] with row (i, c) = vec(z_ic q_i^T), (i, c) over the live columns."""
-    n, p, m = Z.shape
-    z = Z.transpose(1, 2)[live]  # (rows, p)
-    q = qn[:, None, :].expand(n, m, -1)[live]  # (rows, r)
-    return (z[:, :, None] * q[:, None, :]).reshape(z.shape[0], -1)
-
-
-def _gram(Z: Tensor, qn: Tensor, live: Tensor, rows: int, cols: int) -> Tensor:
-    """The smaller Gram matrix of E, from its Kronecker structure (E itself is never formed)."""
-    n, p, m = Z.shape
-    r = qn.shape[1]
-    if rows >= cols:  # E^T E [p r, p r] = sum_i (q_i q_i^T) (x) (Z_i Z_i^T); dead columns are zero
-        G = Z.new_zeros(r * r, p * p)
-        for lo in range(0, n, _ROW_CHUNK):
-            z, q = Z[lo : lo + _ROW_CHUNK], qn[lo : lo + _ROW_CHUNK]
-            proj = (z @ z.transpose(1, 2)).reshape(z.shape[0], p * p)  # (c, p*p)
-            G += (q[:, :, None] * q[:, None, :]).reshape(z.shape[0], r * r).T @ proj
-        # index (b, b', a, a') -> (a b), (a' b'): the column order of vec(Y') in _stack_rows
-        return G.view(r, r, p, p).permute(2, 0, 3, 1).reshape(p * r, p * r)
-    # E E^T [rows, rows]: entries (q_i . q_j)(z_ic . z_jc')
-    z = Z.transpose(1, 2)[live]
-    q = qn[:, None, :].expand(n, m, -1)[live]
-    return (z @ z.T) * (q @ q.T)
-
-
-def _certify_full_rank(Z: Tensor, qn: Tensor, live: Tensor, rows: int, cols: int) -> dict[str, float] | None:
-    """Prove sigma_min(E) > tol with a shifted Cholesky of the Gram matrix G, or return None.
-
-    The computed G differs from the exact one by at most err = (terms + dim + 2) eps trace(G) in the
-    2-norm (accumulating the PSD products, then Cholesky's backward error, both bounded through the
-    trace). If G - (err + lower^2) I factorises, then lambda_min(exact G) > lower^2, i.e.
-    sigma_min(E) > lower. First lower = 2 tol (the decision); then, for the margin, a few steps of
-    inverse iteration with that factor estimate sigma_min, and half of it is certified the same way
-    (the margin reported is that certified lower bound over tol, or 2).
-    """
-    G = _gram(Z, qn, live, rows, cols)
-    dim = G.shape[0]
-    n, p, m = Z.shape
-    trace = float(rows)  # unit rows
-    # Each entry of G sums at most `terms` rounded products (tall: m per Z_i Z_i^T, then over the n rows in
-    # chunks; wide: p and r per factor), so |fl(G) - G| <= gamma_terms |E|^T |E|, of 2-norm <= trace.
-    terms = n + m + 2 if rows >= cols else p + qn.shape[1] + 2
-    err = 2.0 * (terms + dim + 2) * _EPS * trace
-    # sigma_max(E)^2 = lambda_max(G); power steps approach it from below, so pad generously.
-    gen = torch.Generator().manual_seed(0)
-    v = torch.randn(dim, dtype=G.dtype, generator=gen)
-    for _ in range(30):
-        v = G @ v
-        v = v / v.norm()
-    smax = math.sqrt(min(float(v @ G @ v) * 1.5, trace) + err)
-    tol = smax * max(rows, cols) * _EPS
-    shift = err + (2.0 * tol) ** 2
-    G.diagonal().sub_(shift)
-    L, info = torch.linalg.cholesky_ex(G)
-    if int(info):
-        return None
-    x = torch.randn(dim, 1, dtype=G.dtype, generator=gen)
-    for _ in range(8):  # inverse iteration on G - shift I: converges to its smallest eigenvalue
-        x = torch.cholesky_solve(x, L)
-        x = x / x.norm()
-    lam = float(x.T @ G @ x) + shift  # Rayleigh quotient: an estimate of lambda_min(G)
-    lower = 0.5 * math.sqrt(max(lam - err, 0.0))
-    if lower > 2.0 * tol:
-        G.diagonal().add_(shift - err - lower**2)
-        if int(torch.linalg.cholesky_ex(G)[1]) == 0:
-            return {"tol": tol, "margin": lower / tol}
-    return {"tol": tol, "margin": 2.0}
-
-
-def _group_constant(Nk: Tensor, Ckc: Tensor, Q: Tensor, K: Tensor, T: Tensor) -> Tensor:
-    """Drop the key-system unknowns that no equation reaches when tokens repeat.
-
-    Identical tokens (equal query, key and value rows) give identical rows and columns of A and
-    of every B_i, so col(B_i) and col([K, 1]) hold vectors that are constant on each group of
-    repeats. Directions of the complement Nk that differ within a group then meet no equation:
-    exact zero columns of the key system, which rounding would leave near the tolerance. We keep
-    the complement inside the group-constant vectors instead: same rank in exact arithmetic.
-    """
-    X = torch.cat([Q, K, T], dim=1)
-    n = X.shape[0]
-    tol = max(n, X.shape[1]) * _EPS * float(X.abs().max())
-    # group j with the first earlier row within tol of it (max-norm)
-    close = (X[:, None, :] - X[None, :, :]).abs().amax(-1) <= tol  # (n, n)
-    first = close.to(torch.int8).argmax(1)  # index of each row's first match (itself if none earlier)
-    groups, inverse = torch.unique(first, return_inverse=True)
-    if len(groups) == n:
-        return Nk
-    G = torch.zeros(n, len(groups), dtype=_F64)
-    G[torch.arange(n), inverse] = 1.0
-    G = G / G.sum(0).sqrt()  # orthonormal group indicators
-    ones = torch.full((n, 1), 1.0 / math.sqrt(n), dtype=_F64)
-    Ck = torch.cat([ones, Ckc], dim=1)
-    R = G - Ck @ (Ck.T @ G)  # the group-constant vectors orthogonal to col([K, 1])
-    U, s, _ = torch.linalg.svd(R, full_matrices=False)
-    return U[:, : len(groups) - Ck.shape[1]]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -364,7 +204,9 @@ def _structured(Q: Tensor, K: Tensor, A: Tensor, T: Tensor) -> dict[str, Any]:
     d = T.shape[1]
     g_sum = 0
     m_rows, m_g = math.inf, math.inf
-    Zs, lives = [], []
+    # filled chunk by chunk (not concatenated at the end: at n = 512 it is tens of megabytes)
+    Zs = torch.empty(n, Nk.shape[1], d, dtype=_F64)  # (n, p, d)
+    lives = torch.empty(n, d, dtype=torch.bool)
     for lo in range(0, n, _ROW_CHUNK):
         a = A[lo : lo + _ROW_CHUNK]  # (c, n)
         c = a.shape[0]
@@ -382,10 +224,10 @@ def _structured(Q: Tensor, K: Tensor, A: Tensor, T: Tensor) -> dict[str, Any]:
         null = torch.arange(d)[None] >= g[:, None]  # (c, d) right singular vectors spanning the null space
         null &= live_q[lo : lo + _ROW_CHUNK, None]  # a zero query gives no equation
         Z = U @ (Vh.transpose(1, 2) * null[:, None, :].to(_F64))  # (c, n, d), orthonormal live columns
-        Zs.append(Nk.T[None] @ Z)  # (c, p, k)
-        lives.append(null)
+        torch.matmul(Nk.T[None], Z, out=Zs[lo : lo + _ROW_CHUNK])  # (c, p, d)
+        lives[lo : lo + _ROW_CHUNK] = null
     margins["rows_b"], margins["rows_g"] = m_rows, m_g
-    key = _key_system_rank(torch.cat(Zs), qn, torch.cat(lives))
+    key = _key_system_rank(Zs, qn, lives)
     margins["key_system"] = key["margin"]
     output_rank = g_sum + key["rank"]
     margin = min(margins.values())

@@ -17,12 +17,21 @@ from .internals import _lengths_from_mask, _run_internals, value_output_matrices
 from .key_aware import _F64, generatable_alternative_dim
 
 
+def key_aware_unsupported(model: torch.nn.Module) -> str | None:
+    """Why the key-aware count does not apply to ``model`` (a pretrained family's reason), or None."""
+    return getattr(getattr(model, "family", None), "key_aware_unsupported", None)
+
+
 def head_inputs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None) -> dict[str, Any]:
     """Per layer, every head's queries and keys [B, T, H, d_k] and value-output matrices T [B, H, T, d].
 
     Queries and keys are captured with forward hooks on each layer's ``attn.q_proj`` / ``attn.k_proj``
     while ``attention_internals`` runs (eval mode, no gradients), in float64 on the CPU.
     """
+    reason = key_aware_unsupported(model)
+    if reason is not None:
+        raise ValueError(f"the key-aware count does not apply to this model: {reason}, so its maps are not "
+                         "softmax(s Q K^T) of the query and key projections (docs/pretrained.md)")
     layers = getattr(model, "layers", None)
     if layers is None or not all(hasattr(getattr(l, "attn", None), "q_proj") for l in layers):
         raise TypeError("key-aware counts need a TransformerClassifier (layers[i].attn.q_proj/k_proj)")

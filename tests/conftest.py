@@ -14,6 +14,14 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 os.environ.setdefault("WANDB_MODE", "disabled")  # tests that need W&B set it themselves
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Each of the -n workers gets its share of the cores (and so do the runs its tests start as subprocesses):
+    # two workers of two threads each on two cores only wait for each other.
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Small, fast settings used by every training test (real offline data, few batches).
 FAST = [

@@ -32,7 +32,10 @@ def test_each_stage_and_every_tenth_example_is_a_log_line(tmp_path, caplog, caps
               "report: token explanations and their faithfulness for 3 example(s)"]
     expected = [line for s in stages for line in (f"{s} ...", f"{s}: done in")]
     assert [m if m.endswith("...") else m[:m.index(": done in") + 9] for m in lines[:6]] == expected
-    assert lines[6:] == [f"report: {b}/3 examples drawn" for b in (1, 2, 3)]
+    assert lines[6:9] == [f"report: {b}/3 examples drawn" for b in (1, 2, 3)]
+    equivalence = "report: output-equivalent explanations of 3 example(s) (linear programs)"
+    assert [m if m.endswith("...") else m[:m.index(": done in") + 9] for m in lines[9:]] == \
+        [f"{equivalence} ...", f"{equivalence}: done in"]
     assert "examples" not in capsys.readouterr().err  # no bar when stderr is not a terminal
 
 

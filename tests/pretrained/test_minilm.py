@@ -89,11 +89,27 @@ def test_analyze_text_mode(classifier, tmp_path, run_analyze):
     assert "Prediction: <b>" in (tmp_path / "report.html").read_text()
 
 
-def test_analyze_split_mode_on_pairs(classifier, tmp_path, cache_dir, run_analyze):
+@pytest.fixture(scope="module")
+def tiny_classifier(tiny_bert, tmp_path_factory):
+    """The random 2-layer BERT of tests/pretrained/conftest.py under a seeded 2-label head: the same path in seconds."""
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification.from_pretrained(tiny_bert, num_labels=2,
+                                                          id2label={0: "negative", 1: "positive"})
+    out = tmp_path_factory.mktemp("tiny_cls")
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(out)
+    return out, model.eval()
+
+
+# MiniLM's 6 layers x 12 heads make this a minutes-long end-to-end run on 2 cores: slow; the tiny BERT runs it by default.
+@pytest.mark.parametrize("model", ["tiny_classifier", pytest.param("classifier", marks=pytest.mark.slow)])
+def test_analyze_split_mode_on_pairs(model, request, tmp_path, cache_dir, run_analyze):
     """data=local with two text fields: pair inputs; every explainer's tables per length bin."""
     from identifiable_transformers.diagnostics.faithfulness import EXPLAINERS
 
-    out, _ = classifier
+    out, _ = request.getfixturevalue(model)
     rows = ["premise,hypothesis,label"] + [f"the film {w} number {i},it was {w},{int(w == 'good')}"
                                            for i in range(20) for w in ("good", "bad")]
     csv = tmp_path / "pairs.csv"

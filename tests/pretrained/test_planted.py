@@ -74,7 +74,7 @@ def test_max_len_is_the_longest_input_the_encoder_runs(family):
     model = _classifier(family, positions=130)
     longest = max(n for n in range(126, 135) if _runs(model.encoder, n))  # brute force, on the encoder itself
     assert longest == 130 and model.max_len == longest
-    with pytest.raises(ValueError, match=f"max_len={longest + 1} .* set data.max_length<={longest}"):
+    with pytest.raises(ValueError, match=f"max_len={longest + 1} is longer than the {longest} tokens .* set it to {longest} or less"):
         _classifier(family, positions=130, max_len=longest + 1)
     with pytest.raises(ValueError, match=f"input length {longest + 1} exceeds max_len={longest}"):
         model(torch.full((1, longest + 1), 7))

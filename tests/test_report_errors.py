@@ -151,6 +151,9 @@ def test_jobs_are_counted_only_where_the_sweep_can_be(tmp_path):
     assert expected_jobs(tmp_path) == 3 * 2
     _multirun_yaml(tmp_path, ["model.key_dim=2"])
     assert expected_jobs(tmp_path) == 1
+    # the command line's key_dim=2 replaces the preset's sweep of it (hydra.sweeper.params), as the sweeper does
+    _multirun_yaml(tmp_path, ["model.key_dim=2"], params={"model.key_dim": "2,8", "seed": "1,2,3"})
+    assert expected_jobs(tmp_path) == 3
     _multirun_yaml(tmp_path, ["seed=1,2"], sweeper="hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper")
     assert expected_jobs(tmp_path) is None  # its trial count, not a grid
 

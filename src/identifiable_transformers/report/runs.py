@@ -80,9 +80,13 @@ def expected_jobs(sweep_dir: Path) -> int | None:
         if OmegaConf.select(hydra, "sweeper._target_") != BASIC_SWEEPER:
             return None
         params = OmegaConf.to_container(hydra.sweeper.params) if hydra.sweeper.get("params") else {}
-        overrides = [*hydra.overrides.task, *(f"{k}={v}" for k, v in params.items())]
+        # As the basic sweeper does: the command line's value of a key replaces the preset's sweep of it.
+        by_key = {}
+        for o in OverridesParser.create().parse_overrides([*(f"{k}={v}" for k, v in params.items()),
+                                                           *hydra.overrides.task]):
+            by_key[o.get_key_element()] = o
         count = 1
-        for o in OverridesParser.create().parse_overrides(overrides):
+        for o in by_key.values():
             if o.is_sweep_override():
                 count *= len(list(o.sweep_string_iterator()))
         return count

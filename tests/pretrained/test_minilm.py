@@ -19,18 +19,22 @@ def folder():
     return minilm.get_model_path()
 
 
-@pytest.fixture(scope="module")
-def classifier(folder, tmp_path_factory):
-    """MiniLM's encoder under a fresh, seeded 2-label head, saved as a BertForSequenceClassification."""
+def _with_a_fresh_head(encoder_folder, out):
+    """The encoder under a fresh, seeded 2-label head, saved as a BertForSequenceClassification in ``out``."""
     from transformers import AutoTokenizer, BertForSequenceClassification
 
     torch.manual_seed(0)
-    model = BertForSequenceClassification.from_pretrained(folder, num_labels=2,
+    model = BertForSequenceClassification.from_pretrained(encoder_folder, num_labels=2,
                                                           id2label={0: "negative", 1: "positive"})
-    out = tmp_path_factory.mktemp("minilm_cls")
     model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(folder).save_pretrained(out)
+    AutoTokenizer.from_pretrained(encoder_folder).save_pretrained(out)
     return out, model.eval()
+
+
+@pytest.fixture(scope="module")
+def classifier(folder, tmp_path_factory):
+    """MiniLM's encoder under a fresh, seeded 2-label head."""
+    return _with_a_fresh_head(folder, tmp_path_factory.mktemp("minilm_cls"))
 
 
 def test_maps_and_hidden_states_are_hugging_faces_own(folder):
@@ -92,15 +96,7 @@ def test_analyze_text_mode(classifier, tmp_path, run_analyze):
 @pytest.fixture(scope="module")
 def tiny_classifier(tiny_bert, tmp_path_factory):
     """The random 2-layer BERT of tests/pretrained/conftest.py under a seeded 2-label head: the same path in seconds."""
-    from transformers import AutoTokenizer, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    model = BertForSequenceClassification.from_pretrained(tiny_bert, num_labels=2,
-                                                          id2label={0: "negative", 1: "positive"})
-    out = tmp_path_factory.mktemp("tiny_cls")
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(out)
-    return out, model.eval()
+    return _with_a_fresh_head(tiny_bert, tmp_path_factory.mktemp("tiny_cls"))
 
 
 # MiniLM's 6 layers x 12 heads make this a minutes-long end-to-end run on 2 cores: slow; the tiny BERT runs it by default.

@@ -24,9 +24,9 @@ import torch
 from ...common.files import atomic_write
 from ..faithfulness import rationale_mask
 from ..faithfulness.equivalent import equivalent_explanations
-from .faithfulness import FaithfulnessCallback, _first
+from .faithfulness import FaithfulnessCallback
 from .identifiability import IdentifiabilityCallback
-from .probes import DEFAULT_LENGTH_BINS, bin_key, bin_masks, check_length_bins, nanmean, resolve_length_bins
+from .probes import DEFAULT_LENGTH_BINS, bin_key, bin_masks, check_length_bins, nanmean, scored_part
 
 log = logging.getLogger(__name__)
 
@@ -106,15 +106,7 @@ class EquivalenceCallback(pl.Callback):
     def _probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         if self._scored is None:
             probe = self._ident(trainer)._ensure_probe(trainer, pl_module)
-            model, cap = pl_module.model, probe["max_probe_length"]
-            resolve = lambda bins: resolve_length_bins(bins, embed_dim=model.embed_dim, max_length=cap,  # noqa: E731
-                                                       head_stochastic=probe["bounds"]["head_stochastic"])
-            limit = cap if self.max_length is None else resolve([self.max_length])[0]
-            k = sum(n <= limit for n in probe["lengths"])  # the probe is sorted by length
-            if k == 0:
-                raise ValueError(f"callbacks.equivalence.max_length={self.max_length} (= {limit} tokens) leaves no "
-                                 "probe example: pass a larger one, or null for the whole probe")
-            self._scored = {**_first(probe, k), "length_bins": [b for b in resolve(self.length_bins) if b <= limit]}
+            self._scored = scored_part(probe, pl_module.model, self.max_length, self.length_bins, "equivalence")
         return self._scored
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -43,7 +43,7 @@ from ..faithfulness import (
     unknown_explainers,
 )
 from .identifiability import IdentifiabilityCallback
-from .probes import DEFAULT_LENGTH_BINS, bin_key, bin_masks, check_length_bins, nanmean, resolve_length_bins
+from .probes import DEFAULT_LENGTH_BINS, bin_key, bin_masks, check_length_bins, nanmean, scored_part
 
 log = logging.getLogger(__name__)
 
@@ -132,19 +132,7 @@ class FaithfulnessCallback(pl.Callback):
         """The part of the shared probe this callback scores (examples up to ``max_length``), with its bins."""
         if self._scored is None:
             probe = self._ident(trainer)._ensure_probe(trainer, pl_module)
-            model, cap = pl_module.model, probe["max_probe_length"]
-            resolve = lambda bins: resolve_length_bins(bins, embed_dim=model.embed_dim, max_length=cap,  # noqa: E731
-                                                       head_stochastic=probe["bounds"]["head_stochastic"])
-            limit = cap if self.max_length is None else resolve([self.max_length])[0]
-            k = sum(n <= limit for n in probe["lengths"])  # the probe is sorted by length: its first k
-            if k == 0:
-                raise ValueError(f"callbacks.faithfulness.max_length={self.max_length} (= {limit} tokens) leaves no "
-                                 f"probe example to score (the shortest has {probe['lengths'][0]} tokens): pass a "
-                                 "larger one, or null for the whole probe")
-            if k < len(probe["lengths"]):
-                log.info("faithfulness: scoring the %d of %d probe examples with at most %d tokens (max_length=%s)",
-                         k, len(probe["lengths"]), limit, self.max_length)
-            self._scored = {**_first(probe, k), "length_bins": [b for b in resolve(self.length_bins) if b <= limit]}
+            self._scored = scored_part(probe, pl_module.model, self.max_length, self.length_bins, "faithfulness")
         return self._scored
 
     def _out_dir(self, trainer: pl.Trainer) -> Path:
@@ -337,19 +325,6 @@ class FaithfulnessCallback(pl.Callback):
             lg.log_table(key="faith/explanations", columns=columns, data=rows)
             if metrics:
                 lg.log_metrics(metrics)
-
-
-def _first(probe: dict[str, Any], k: int) -> dict[str, Any]:
-    """The probe's first ``k`` examples (the shortest: it is sorted by length), their padding trimmed."""
-    if k == len(probe["indices"]):
-        return dict(probe)
-    width = max(probe["lengths"][:k])
-    batch = {key: v[:k, :width] if v.dim() == 2 else v[:k] for key, v in probe["batch"].items()}
-    out = {**probe, "indices": probe["indices"][:k], "lengths": probe["lengths"][:k], "batch": batch,
-           "tokens": None if probe["tokens"] is None else probe["tokens"][:k]}
-    if probe.get("rationales") is not None:
-        out["rationales"] = probe["rationales"][:k]
-    return out
 
 
 def binned_metrics(per_example: dict[str, torch.Tensor], lengths, bins: Sequence[int]) -> dict[str, float]:

@@ -14,11 +14,15 @@ given as token counts or as the symbols of ``LENGTH_BIN_SYMBOLS``, resolved per 
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_LENGTH_BINS", "LENGTH_BIN_SYMBOLS", "bin_key", "check_length_bins", "doubling_strata",
            "resolve_length_bins", "select_probe_indices"]
@@ -143,3 +147,38 @@ def nanmean(x: torch.Tensor) -> float:
     x = x.double()
     ok = ~torch.isnan(x)
     return float(x[ok].mean()) if bool(ok.any()) else math.nan
+
+
+def first_examples(probe: dict[str, Any], k: int) -> dict[str, Any]:
+    """The probe's first ``k`` examples (the shortest: it is sorted by length), their padding trimmed."""
+    if k == len(probe["indices"]):
+        return dict(probe)
+    width = max(probe["lengths"][:k])
+    batch = {key: v[:k, :width] if v.dim() == 2 else v[:k] for key, v in probe["batch"].items()}
+    out = {**probe, "indices": probe["indices"][:k], "lengths": probe["lengths"][:k], "batch": batch,
+           "tokens": None if probe["tokens"] is None else probe["tokens"][:k]}
+    if probe.get("rationales") is not None:
+        out["rationales"] = probe["rationales"][:k]
+    return out
+
+
+def scored_part(probe: dict[str, Any], model, max_length, length_bins: Sequence, key: str) -> dict[str, Any]:
+    """The part of the shared probe a callback scores: its examples of at most ``max_length`` tokens (a number or a
+    ``resolve_length_bins`` expression; None: all), with the length bins that fall within it. ``key`` names the
+    callback (``callbacks.<key>.max_length``) in the message."""
+    cap = probe["max_probe_length"]
+
+    def resolve(bins):
+        return resolve_length_bins(bins, embed_dim=model.embed_dim, max_length=cap,
+                                   head_stochastic=probe["bounds"]["head_stochastic"])
+
+    limit = cap if max_length is None else resolve([max_length])[0]
+    k = sum(n <= limit for n in probe["lengths"])  # the probe is sorted by length: its first k
+    if k == 0:
+        raise ValueError(f"callbacks.{key}.max_length={max_length} (= {limit} tokens) leaves no probe example to "
+                         f"score (the shortest has {probe['lengths'][0]} tokens): pass a larger one, or null for the "
+                         "whole probe")
+    if k < len(probe["lengths"]):
+        log.info("%s: scoring the %d of %d probe examples with at most %d tokens (max_length=%s)",
+                 key, k, len(probe["lengths"]), limit, max_length)
+    return {**first_examples(probe, k), "length_bins": [b for b in resolve(length_bins) if b <= limit]}

@@ -147,7 +147,6 @@ def _hf_data_module(cfg: DictConfig, max_len: int):
 def _main_hf(cfg: DictConfig) -> str:
     """``hf_model=...``: a Hugging Face classifier (or bare encoder) analysed as it is, with its own tokenizer."""
     from identifiable_transformers.data import encode_texts
-    from identifiable_transformers.diagnostics.render.report_html import build_report, tokens_for_batch
     from identifiable_transformers.hf.data import backend_tokenizer
     from identifiable_transformers.loading import load_hf_classifier
 
@@ -177,16 +176,23 @@ def _main_hf(cfg: DictConfig) -> str:
         tokenizer = dm.tokenizer
         meta.update({"data": dm.name, "split": cfg.split, "example indices": idx})
         bins = _length_bins(model, dm.max_length)
+    return _write_report(cfg, model, tokenizer, batch, texts, model.label_names,
+                         f"Attention identifiability: {cfg.hf_model}", meta, rationales, bins)
+
+
+def _write_report(cfg, model, tokenizer, batch, texts, label_names, title, meta, rationales, bins) -> str:
+    """The HTML report and report.json of ``batch`` in ``cfg.output_dir`` (or the Hydra run folder): both modes'."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from identifiable_transformers.diagnostics.render.report_html import build_report, tokens_for_batch
+
     ids, mask = batch["input_ids"], batch["attention_mask"].bool()
     tokens = tokens_for_batch(tokenizer, ids, mask)
     if texts is None:
         texts = [" ".join(t) for t in tokens]
-    from hydra.core.hydra_config import HydraConfig
-
     out = Path(cfg.output_dir) if cfg.get("output_dir") else Path(HydraConfig.get().runtime.output_dir)
-    path = build_report(model, ids, mask, out, tokens=tokens, texts=texts, label_names=model.label_names,
-                        title=f"Attention identifiability: {cfg.hf_model}", meta=meta, key_aware=bool(cfg.key_aware),
-                        rationales=rationales, length_bins=bins)
+    path = build_report(model, ids, mask, out, tokens=tokens, texts=texts, label_names=label_names, title=title,
+                        meta=meta, key_aware=bool(cfg.key_aware), rationales=rationales, length_bins=bins)
     log.info("wrote %s", path)
     print(path)
     return str(path)
@@ -195,7 +201,6 @@ def _main_hf(cfg: DictConfig) -> str:
 @hydra.main(version_base="1.3", config_path="conf", config_name="analyze")
 @exit_on_user_error
 def main(cfg: DictConfig) -> str:
-    from identifiable_transformers.diagnostics.render.report_html import build_report, tokens_for_batch
     from identifiable_transformers.loading import load_module
 
     _check_split(cfg)
@@ -231,19 +236,8 @@ def main(cfg: DictConfig) -> str:
         meta = {"checkpoint": str(ckpt), "split": cfg.split, "example indices": idx}
         data_max = int((module.hparams.get("data_cfg") or {}).get("max_length") or model.max_len)
         bins = _length_bins(model, min(data_max, model.max_len))
-    ids, mask = batch["input_ids"], batch["attention_mask"].bool()
-    tokens = tokens_for_batch(tokenizer, ids, mask)
-    if texts is None:
-        texts = [" ".join(t) for t in tokens]
-    from hydra.core.hydra_config import HydraConfig
-
-    out = Path(cfg.output_dir) if cfg.get("output_dir") else Path(HydraConfig.get().runtime.output_dir)
-    path = build_report(model, ids, mask, out, tokens=tokens, texts=texts, label_names=module.label_names,
-                        title=f"Attention identifiability: {ckpt.name}", meta=meta, key_aware=bool(cfg.key_aware),
-                        rationales=rationales, length_bins=bins)
-    log.info("wrote %s", path)
-    print(path)
-    return str(path)
+    return _write_report(cfg, model, tokenizer, batch, texts, module.label_names,
+                         f"Attention identifiability: {ckpt.name}", meta, rationales, bins)
 
 
 if __name__ == "__main__":

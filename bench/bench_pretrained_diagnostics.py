@@ -22,11 +22,11 @@ process-CPU seconds are printed; on a shared machine the CPU seconds are the ste
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from bench_diagnostics import _Clock  # bench/ is on sys.path when a bench script runs
 
 from identifiable_transformers.diagnostics.callbacks.identifiability import select_probe_indices
 from identifiable_transformers.diagnostics.callbacks.key_aware_probe import key_aware_targets
@@ -41,15 +41,6 @@ from identifiable_transformers.diagnostics.maths import attention_identifiabilit
 from identifiable_transformers.diagnostics.maths.key_aware_heads import key_aware_alternative_dims
 
 VOCAB = 30_522  # BERT's uncased vocabulary: the embedding's share of the optimizer step is real
-
-
-class _Clock:
-    def __enter__(self):
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
-        return self
-
-    def __exit__(self, *exc):
-        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
 
 
 def _model():

@@ -108,3 +108,17 @@ def test_a_longer_run_is_applied_from_the_resumed_step_and_recorded(make_cfg, tr
     saved = torch.load(tmp_path / "longer" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert saved["global_step"] == 8 and saved["run_settings"]["settings"]["trainer.max_epochs"] == 2
     assert saved["run_settings"]["changes"] == recorded
+
+
+def test_resuming_training_on_another_number_of_processes_is_refused(make_cfg, trained, tmp_path):
+    last, _ = trained
+    ckpt = torch.load(last, map_location="cpu", weights_only=True)
+    assert ckpt["run_settings"]["world_size"] == 1  # recorded by the run
+    ckpt["run_settings"]["world_size"] = 2  # as a 2-process (ddp) run writes it
+    two = tmp_path / "two.ckpt"
+    torch.save(ckpt, two)
+    with pytest.raises(UserError, match=r"was trained on 2 process\(es\) .*this run has 1: .*Resume on the same number"):
+        run(make_cfg("callbacks=[model_checkpoint,last_checkpoint]", f"ckpt_path={two}", out="resumed"))
+    result = run(make_cfg("callbacks=[model_checkpoint,last_checkpoint]", f"ckpt_path={two}", "train=false",
+                          out="evaluated"))  # evaluation on another number of processes is fine
+    assert "test/acc" in result["metrics"]

@@ -54,7 +54,21 @@ class RunSettingsRecord(pl.Callback):
         self.settings, self.changes = settings, changes
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
-        checkpoint[CHECKPOINT_KEY] = {"settings": self.settings, "changes": self.changes}
+        checkpoint[CHECKPOINT_KEY] = {"settings": self.settings, "changes": self.changes,
+                                      "world_size": trainer.world_size}
+
+
+def check_resume_world_size(ckpt: dict[str, Any], trainer: pl.Trainer, path: str) -> None:
+    """Refuse to resume training on another number of processes (``trainer.devices`` x ``trainer.num_nodes``):
+    each step's global batch and the rows each rank reads would change midway, while the run's records say it
+    trained on one setting throughout. Checkpoints written before the world size was recorded are not checked."""
+    saved = (ckpt.get(CHECKPOINT_KEY) or {}).get("world_size")
+    if saved is None or int(saved) == trainer.world_size:
+        return
+    raise UserError(f"ckpt_path {path!r} was trained on {saved} process(es) (trainer.devices x trainer.num_nodes); "
+                    f"this run has {trainer.world_size}: every step's global batch and the rows each process reads "
+                    "would change midway. Resume on the same number of processes (set trainer.devices and "
+                    "trainer.num_nodes to give that), or start a new run without ckpt_path.")
 
 
 def check_resume_run_settings(cfg: DictConfig, ckpt: dict[str, Any], path: str) -> list[dict[str, Any]]:

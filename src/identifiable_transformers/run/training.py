@@ -41,7 +41,7 @@ from .checks import (
 from .config_checks import check_config
 from .history import MetricsHistory
 from .lock import unlock_run_folder
-from .run_settings import RunSettingsRecord, check_resume_run_settings, training_settings
+from .run_settings import RunSettingsRecord, check_resume_run_settings, check_resume_world_size, training_settings
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,6 @@ def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
         check_compatible(ckpt, model, ckpt_path, what="ckpt_path")
         refuse_other_architecture(cfg, ckpt, ckpt_path)  # same shapes, other computation (e.g. model.activation)
         _check_same_tokenizer(ckpt, datamodule, ckpt_path)
-        del ckpt
     loggers = build_loggers(cfg)
     history = MetricsHistory(output_dir)  # metrics_history.csv: always, whatever the callbacks config
     callbacks = [*_instantiate_dict(cfg.get("callbacks")), history,
@@ -188,6 +187,10 @@ def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
         callbacks.append(ModelSummary())  # Lightning's own, less its column of zero FLOPs
     trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     state["trainer"] = trainer
+    if ckpt is not None:
+        if cfg.get("train"):
+            check_resume_world_size(ckpt, trainer, ckpt_path)
+        del ckpt
 
     try:
         params = count_parameters(model)

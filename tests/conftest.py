@@ -196,3 +196,19 @@ def run_killed_at(monkeypatch):
                 training.run(cfg)
 
     return run_killed
+
+
+@pytest.fixture
+def sweep_jobs():
+    """sweep_jobs(cfg, *command_line) -> the jobs (a dict of overrides each) that Hydra's basic sweeper makes of a
+    composed preset's hydra.sweeper.params and command-line sweeps, in launch order."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    def jobs(cfg, *command_line):
+        params = [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()] + list(command_line)  # as sweep() does
+        return [dict(o.split("=") for o in job)
+                for batch in BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(params), None)
+                for job in batch]
+
+    return jobs

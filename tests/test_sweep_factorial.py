@@ -5,35 +5,26 @@ Expected values are written out here from the issue, not read from the preset.""
 
 import hydra
 import pytest
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 MARGINS = {"comprehensiveness": 0.02, "sufficiency": 0.005, "rationale_auprc": 0.01, "rationale_f1": 0.02,
            "tau_loo": 0.1, "adversarial_tv": 0.05, "test_acc": 0.01}
 
 
-def _jobs(cfg, *command_line):
-    params = [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()] + list(command_line)  # as BasicSweeper.sweep
-    return [dict(o.split("=") for o in job)
-            for batch in BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(params), None)
-            for job in batch]
-
-
-def test_factorial_preset_is_the_2x2_on_both_tasks_with_its_margins(make_cfg):
+def test_factorial_preset_is_the_2x2_on_both_tasks_with_its_margins(make_cfg, sweep_jobs):
     cfg = make_cfg("+sweep=factorial", fast=False)
     assert OmegaConf.to_container(cfg.report.equivalence_margins) == MARGINS
     assert cfg.trainer.max_epochs == cfg.callbacks.faithfulness.every_n_epochs \
         == cfg.callbacks.identifiability.every_n_epochs == 8   # diagnostics on the last epoch
     assert cfg.callbacks.identifiability.probe_size == 256 and cfg.callbacks.faithfulness.final is True
-    jobs = _jobs(cfg)
+    jobs = sweep_jobs(cfg)
     assert len(jobs) == 160
     assert [int(j["seed"]) for j in jobs] == sorted(int(j["seed"]) for j in jobs)  # seed outermost
     cells = {(j["data"], j["model.key_dim"], j["model.head_combine"], j["model.value_dim"]) for j in jobs[:16]}
     assert cells == {(d, k, c, v) for d in ("synthetic_contrast", "synthetic_contrast_pair") for k in ("2", "8")
                      for c in ("concat", "add") for v in ("16", "64")}
     # the lead's first call: one task, key size 2 only (a command-line key replaces the preset's sweep of it)
-    first = _jobs(cfg, "data=synthetic_contrast_pair", "model.key_dim=2")
+    first = sweep_jobs(cfg, "data=synthetic_contrast_pair", "model.key_dim=2")
     assert len(first) == 40 and {(j["data"], j["model.key_dim"]) for j in first} == {("synthetic_contrast_pair", "2")}
 
 

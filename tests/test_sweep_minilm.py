@@ -8,6 +8,7 @@ def test_minilm_preset_is_the_pretrained_classifier_on_two_tasks_and_three_seeds
     assert cfg.data._target_ == "identifiable_transformers.hf.data.PretrainedTextDataModule"
     assert cfg.model.pooling is None and cfg.model.keep_head is False  # the checkpoint's pooling, a fresh head
     assert cfg.data.max_length == cfg.model.max_len == 64 and cfg.trainer.max_epochs == 2
+    assert cfg.model.lr == 5e-5
     assert cfg.callbacks.identifiability.key_aware_every_n_epochs is None and cfg.callbacks.faithfulness.final
     assert "csv" in str(cfg.logger)
     jobs = sweep_jobs(cfg)

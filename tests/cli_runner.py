@@ -26,6 +26,7 @@ import json
 import locale
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,7 @@ class _Zygote:
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
         self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _text(data: bytes) -> str:

@@ -4,6 +4,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 from cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,6 +20,7 @@ def test_bench_step_quick_runs_every_candidate_and_prints_the_ratios():
     assert "of peak" in out.stdout
 
 
+@pytest.mark.slow  # 20-30 s of benchmarking (issue 42: the default suite's 5-minute budget)
 def test_bench_key_aware_quick_runs_both_paths_and_checks_the_goals():
     out = run_cli([sys.executable, str(ROOT / "bench" / "bench_key_aware.py"), "--quick", "--repeats", "1",
                    "--threads", "1"], timeout=600, cwd=ROOT)
@@ -36,6 +38,7 @@ def test_gpu_check_runs_its_checks_on_the_cpu():
     assert out.stdout.count("PASS ") == 30 and "FAIL" not in out.stdout
 
 
+@pytest.mark.slow  # 20-30 s of benchmarking (issue 42: the default suite's 5-minute budget)
 def test_bench_diagnostics_memory_prints_one_row_per_design_from_fresh_processes():
     out = run_cli([sys.executable, str(ROOT / "bench" / "bench_diagnostics.py"), "--memory", "--examples", "100"],
                   timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -174,8 +174,9 @@ def _serve() -> dict:
                       if os.environ.get(k) != before.get(k)}
     warm = {m.split(".")[0] for m in sys.modules}
     assert "identifiable_transformers" not in warm and "wandb" not in warm, "see ENV_ALLOWED_PREFIXES"
-    base_pythonpath = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)] if "PYTHONPATH" in os.environ else []
-    tail = sys.path[1 + len(base_pythonpath):]  # after '' (python -c) and PYTHONPATH: stdlib, site-packages
+    # sys.path after the script's folder and PYTHONPATH: the standard library (its zip first) and site-packages
+    stdlib_zip = f"python{sys.version_info.major}{sys.version_info.minor}.zip"
+    tail = sys.path[next(i for i, p in enumerate(sys.path) if p.endswith(stdlib_zip)):]
     import gc
 
     # The warm objects out of the collector's sight: a child's collections and its shutdown would otherwise walk
@@ -213,9 +214,9 @@ def _become(request: dict) -> tuple[str, str]:
     argv = request["argv"]
     how, what, rest = ("module", argv[1], argv[2:]) if argv[0] == "-m" else ("path", argv[0], argv[1:])
     first = os.getcwd() if how == "module" else os.path.dirname(os.path.realpath(what))  # as the interpreter
-    pythonpath = [os.path.abspath(p) for p in request["env"]["PYTHONPATH"].split(os.pathsep)] \
-        if "PYTHONPATH" in request["env"] else []
-    sys.path[:] = [first, *pythonpath, *request["tail"]]
+    pythonpath = request["env"].get("PYTHONPATH", "")
+    pythonpath = [os.path.abspath(p) for p in pythonpath.split(os.pathsep)] if pythonpath else []
+    sys.path[:] = [first, *dict.fromkeys([*pythonpath, *request["tail"]])]  # site.py drops repeated entries
     sys.argv[:] = [what if how == "path" else "-m", *rest]
     importlib.invalidate_caches()
     for fd, (path, mode) in enumerate([(os.devnull, os.O_RDONLY), (request["stdout"], os.O_WRONLY | os.O_CREAT),

@@ -15,7 +15,7 @@ SHOW = """
 import os, sys
 print("argv", sys.argv)
 print("cwd", os.getcwd())
-print("path0", sys.path[0], "in path:", [p for p in sys.path if "extra" in p])
+print("path", sys.path)
 print("fresh", "identifiable_transformers" not in sys.modules)
 import identifiable_transformers
 print("imported from", identifiable_transformers.__file__)
@@ -43,8 +43,8 @@ def _both(tmp_path, code: str, *args: str, env: dict | None = None, module: bool
     (tmp_path / "pkg_extra").mkdir(exist_ok=True)
     (tmp_path / "pkg_extra" / "script_mod.py").write_text(textwrap.dedent(code))
     target = ["-m", "script_mod"] if module else [str(tmp_path / "pkg_extra" / "script_mod.py")]
-    env = {**BASE_ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path / "pkg_extra"), *BASE_ENV.get(
-        "PYTHONPATH", "").split(os.pathsep)]), **(env or {})}
+    extra = str(tmp_path / "pkg_extra")  # twice, and an empty entry (the cwd): as the interpreter reads them
+    env = {**BASE_ENV, "PYTHONPATH": os.pathsep.join([extra, "", extra, *sys.path]), **(env or {})}
     cmd = [sys.executable, *target, *args]
     cwd = tmp_path / "cwd"
     cwd.mkdir(exist_ok=True)

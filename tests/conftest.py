@@ -2,6 +2,7 @@
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # cli_runner.py: CLI runs forked from a warm interpreter
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 os.environ.setdefault("WANDB_MODE", "disabled")  # tests that need W&B set it themselves
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

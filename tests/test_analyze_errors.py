@@ -1,11 +1,11 @@
 """analyze.py's output folder: a file in its way is one ``Error:`` line and exit status 1, before any work."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 
 from identifiable_transformers.common.errors import UserError
 
@@ -28,10 +28,10 @@ def test_output_dir_naming_a_file_through_the_command_line(tmp_path):
     taken = tmp_path / "taken"
     taken.write_text("keep me")
     (tmp_path / "x.ckpt").write_bytes(b"x")
-    proc = subprocess.run(
+    proc = run_cli(
         [sys.executable, str(ROOT / "analyze.py"), f"ckpt_path={tmp_path / 'x.ckpt'}", "text=a fine film",
          f"output_dir={taken}", f"hydra.run.dir={tmp_path / 'hydra'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "HYDRA_FULL_ERROR": ""})
+        cwd=tmp_path, timeout=300, env={**os.environ, "HYDRA_FULL_ERROR": ""})
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [f"Error: output_dir={taken} is a file, not a folder: pass a folder (it is "
                                         "created if missing)"], proc.stderr
@@ -41,10 +41,10 @@ def test_a_texts_file_that_is_not_utf8_is_one_error_line(tmp_path):
     texts = tmp_path / "texts.txt"
     texts.write_bytes("a fine film\nun film très réussi\n".encode("latin-1"))  # è (0xE8 in latin-1, byte 12 + 10) is not UTF-8
     (tmp_path / "x.ckpt").write_bytes(b"x")  # the texts are read before the checkpoint
-    proc = subprocess.run(
+    proc = run_cli(
         [sys.executable, str(ROOT / "analyze.py"), f"ckpt_path={tmp_path / 'x.ckpt'}", f"texts_file={texts}",
          f"hydra.run.dir={tmp_path / 'hydra'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "HYDRA_FULL_ERROR": ""})
+        cwd=tmp_path, timeout=300, env={**os.environ, "HYDRA_FULL_ERROR": ""})
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.splitlines() == [f"Error: texts_file='{texts}' is not UTF-8 text (byte 22, line 2: invalid "
                                         "continuation byte): save it as UTF-8 (e.g. iconv -f latin1 -t utf-8 IN > "
@@ -54,10 +54,10 @@ def test_a_texts_file_that_is_not_utf8_is_one_error_line(tmp_path):
 def test_a_run_lock_that_is_a_folder_is_one_error_line(tmp_path, cache_dir):
     folder = tmp_path / "run"
     (folder / ".run.lock").mkdir(parents=True)
-    proc = subprocess.run(
+    proc = run_cli(
         [sys.executable, str(ROOT / "train.py"), "trainer=cpu", "logger=none", f"hydra.run.dir={folder}",
          f"paths.cache_dir={cache_dir}", f"paths.log_dir={tmp_path / 'logs'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "HYDRA_FULL_ERROR": ""})
+        cwd=tmp_path, timeout=300, env={**os.environ, "HYDRA_FULL_ERROR": ""})
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert proc.stderr.splitlines() == [f"Error: the run folder {folder} holds a folder named .run.lock where the "
                                         f"run's lock file belongs: remove it (rmdir {folder / '.run.lock'}), or pass "

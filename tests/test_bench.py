@@ -1,16 +1,18 @@
 """The equal-shapes benchmark runs (tiny sizes; its figures are read by people, not asserted: no timed tests)."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_bench_step_quick_runs_every_candidate_and_prints_the_ratios():
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_step.py"), "--quick", "--repeats", "1",
-                          "--warmup", "1", "--steps", "1"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = run_cli([sys.executable, str(ROOT / "bench" / "bench_step.py"), "--quick", "--repeats", "1",
+                   "--warmup", "1", "--steps", "1"], timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     for name in ("ref_concat", "ours_concat", "ref_add", "ours_add"):
         assert f"\n{name} " in out.stdout
@@ -18,9 +20,10 @@ def test_bench_step_quick_runs_every_candidate_and_prints_the_ratios():
     assert "of peak" in out.stdout
 
 
+@pytest.mark.slow  # 20-30 s of benchmarking (issue 42: the default suite's 5-minute budget)
 def test_bench_key_aware_quick_runs_both_paths_and_checks_the_goals():
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_key_aware.py"), "--quick", "--repeats", "1",
-                          "--threads", "1"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    out = run_cli([sys.executable, str(ROOT / "bench" / "bench_key_aware.py"), "--quick", "--repeats", "1",
+                   "--threads", "1"], timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "all goals met" in out.stdout or "goals missed" in out.stdout
     rows = [line.split() for line in out.stdout.splitlines() if line.strip().startswith(("16 ", "32 "))]
@@ -29,16 +32,16 @@ def test_bench_key_aware_quick_runs_both_paths_and_checks_the_goals():
 
 def test_gpu_check_runs_its_checks_on_the_cpu():
     """The GPU check's comparisons (against a float64 per-head loop) hold on the CPU too: its logic is sound."""
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--cpu"], capture_output=True,
-                         text=True, timeout=300, cwd=ROOT)
+    out = run_cli([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--cpu"], timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "30 passed, 0 failed" in out.stdout
     assert out.stdout.count("PASS ") == 30 and "FAIL" not in out.stdout
 
 
+@pytest.mark.slow  # 20-30 s of benchmarking (issue 42: the default suite's 5-minute budget)
 def test_bench_diagnostics_memory_prints_one_row_per_design_from_fresh_processes():
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_diagnostics.py"), "--memory", "--examples", "100"],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = run_cli([sys.executable, str(ROOT / "bench" / "bench_diagnostics.py"), "--memory", "--examples", "100"],
+                  timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[-3].split() == ["heads", "peak", "MB", "pass", "peak", "MB", "wall", "s", "cpu", "s"]

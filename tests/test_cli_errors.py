@@ -4,11 +4,11 @@ The subprocess tests run the real entry scripts; most mistakes are found before 
 """
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 from omegaconf import OmegaConf
 
 from identifiable_transformers.common.errors import ConfigError, user_error_message
@@ -22,8 +22,8 @@ def _script(script, *args, tmp_path, cache_dir, env=None):
     if script == "train.py":
         cmd += ["logger=none", "trainer=cpu", f"paths.cache_dir={cache_dir}"]
     cmd += [f"paths.log_dir={tmp_path}/logs"]
-    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]), **(env or {})})
+    return run_cli(cmd, cwd=tmp_path, timeout=300,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]), **(env or {})})
 
 
 def _our_lines(stderr: str) -> list[str]:

@@ -3,13 +3,13 @@ damaged, foreign and crafted checkpoints, and resuming into a new run directory.
 
 import hashlib
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import run_cli
 
 from identifiable_transformers.modules.checkpoint import CheckpointError
 from identifiable_transformers.modules.classifier import TextClassifier
@@ -242,11 +242,11 @@ def test_resume_into_a_new_directory_tests_the_same_best_checkpoint(make_cfg, tm
 def test_cli_refuses_a_damaged_checkpoint(trained, tmp_path, cache_dir):
     _, ckpts = trained
     flipped = _flip(ckpts / "last.ckpt", tmp_path / "flipped.ckpt", keep_checksum=True)
-    proc = subprocess.run(
+    proc = run_cli(
         [sys.executable, str(ROOT / "train.py"), "train=false", f"ckpt_path={flipped}", "logger=none", "trainer=cpu",
          "model.embed_dim=16", "model.ffn_dim=32", "data.max_length=64", "data.batch_size=16",
          f"paths.log_dir={tmp_path}/logs", f"paths.cache_dir={cache_dir}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "HYDRA_FULL_ERROR": ""})
+        cwd=tmp_path, timeout=600, env={**os.environ, "HYDRA_FULL_ERROR": ""})
     assert proc.returncode != 0
     assert "does not match its checksum" in proc.stderr and str(flipped) in proc.stderr
 
@@ -256,10 +256,10 @@ def test_cli_analyze_refuses_a_crafted_checkpoint(trained, tmp_path, rewrite_che
     pwned = tmp_path / "pwned"
     crafted = rewrite_checkpoint(ckpts / "last.ckpt", tmp_path / "crafted.ckpt",
                              _target_="builtins.open", file=str(pwned), mode="w")
-    proc = subprocess.run(
+    proc = run_cli(
         [sys.executable, str(ROOT / "analyze.py"), f"ckpt_path={crafted}", "split=validation",
          f"output_dir={tmp_path / 'out'}", f"paths.cache_dir={tmp_path / 'cache'}", f"paths.log_dir={tmp_path}/logs"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "HYDRA_FULL_ERROR": ""})
+        cwd=tmp_path, timeout=600, env={**os.environ, "HYDRA_FULL_ERROR": ""})
     assert proc.returncode != 0
     assert "builtins.open" in proc.stderr and "never run" in proc.stderr
     assert not pwned.exists()

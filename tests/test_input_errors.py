@@ -2,11 +2,11 @@
 config values train.py would only trip over after training, and analyze.py's texts and example counts."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 
 from identifiable_transformers.common.errors import ConfigError, user_error_message
 from identifiable_transformers.run.config_checks import check_config
@@ -47,10 +47,10 @@ def test_the_same_keys_with_usable_values_pass(make_cfg, overrides):
 
 
 def test_ig_steps_zero_ends_train_py_before_any_data(tmp_path, cache_dir):
-    proc = subprocess.run(
+    proc = run_cli(
         [sys.executable, str(ROOT / "train.py"), "logger=none", "trainer=cpu", "callbacks.faithfulness.ig_steps=0",
          f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "HYDRA_FULL_ERROR": ""})
+        cwd=tmp_path, timeout=300, env={**os.environ, "HYDRA_FULL_ERROR": ""})
     assert proc.returncode == 1
     assert proc.stderr.splitlines()[-1].startswith("Error: callbacks.faithfulness.ig_steps=0 must be >= 1"), proc.stderr
     assert "Traceback" not in proc.stderr
@@ -91,10 +91,10 @@ def test_split_mode_needs_a_positive_number_of_examples(tmp_path, run_analyze, v
 
 
 def test_analyze_text_with_nothing_left_through_the_command_line(tiny_ckpt, tmp_path):
-    proc = subprocess.run(
+    proc = run_cli(
         [sys.executable, str(ROOT / "analyze.py"), f"ckpt_path={tiny_ckpt}", "text=\"<br />\"",
          f"hydra.run.dir={tmp_path / 'hydra'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "HYDRA_FULL_ERROR": ""})
+        cwd=tmp_path, timeout=300, env={**os.environ, "HYDRA_FULL_ERROR": ""})
     assert proc.returncode == 1
     assert proc.stderr.splitlines()[-1] == ("Error: text has no token left after the tokenizer's normalisation "
                                             "(entries [0]: '<br />'): pass a text with words in it"), proc.stderr

@@ -3,12 +3,12 @@ a ``warning:`` line and the others go on; the failed jobs of a sweep are named."
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from cli_runner import run_cli
 
 from identifiable_transformers.report import failed_jobs, main
 
@@ -166,9 +166,9 @@ def test_full_error_shows_the_traceback(tmp_path, monkeypatch):
 
 def test_the_command_line_prints_one_error_line_and_exits_1(tmp_path):
     src = Path(__file__).resolve().parents[1] / "src"
-    proc = subprocess.run([sys.executable, "-m", "identifiable_transformers.report", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env={**os.environ, "HYDRA_FULL_ERROR": "", "PYTHONPATH": str(src)})
+    proc = run_cli([sys.executable, "-m", "identifiable_transformers.report", str(tmp_path)],
+                   timeout=120, cwd=tmp_path,
+                   env={**os.environ, "HYDRA_FULL_ERROR": "", "PYTHONPATH": str(src)})
     assert proc.returncode == 1
     assert proc.stderr == f"Error: no metrics.json under {tmp_path}: pass the directory of a finished sweep\n"
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import run_cli
 
 from identifiable_transformers.common.interrupts import Terminated, sigterm_stops_the_run
 from identifiable_transformers.run.training import run
@@ -62,10 +63,10 @@ SETTINGS = ["trainer=cpu", "logger=none", "trainer.max_epochs=2", "trainer.limit
 
 
 def _train(args: list[str], tmp_path: Path, kill_at: str = "") -> subprocess.CompletedProcess:
+    """The process signals itself (os.kill of its own pid): a child of tests/cli_runner.py's zygote will do."""
     env = {**os.environ, "HYDRA_FULL_ERROR": "", "KILL_AT": kill_at, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=600, env=env)
+    return run_cli([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, timeout=600, env=env)
 
 
 def _resume_args(stderr: str) -> list[str]:

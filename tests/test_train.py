@@ -2,13 +2,13 @@
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import hydra
 import pytest
 import torch
+from cli_runner import run_cli
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
@@ -133,8 +133,7 @@ def test_plain_ddp_inside_local_multirun_is_refused(make_cfg):
 
 def _train_py(*args, tmp_path, env=None, timeout=600):
     cmd = [sys.executable, str(ROOT / "train.py"), *args]
-    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return run_cli(cmd, cwd=tmp_path, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 FAST_CLI = ["trainer=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
@@ -180,13 +179,27 @@ class KillAtStep(pl.Callback):  # SIGKILL, at the start of training step `step`,
 """
 
 
+def _ddp_sim_args(tmp_path, cache_dir, epochs: int) -> list[str]:
+    return ["trainer=ddp_sim", "logger=csv", *[a for a in FAST_CLI if not a.startswith("trainer=")],
+            f"trainer.max_epochs={epochs}", "trainer.limit_train_batches=4", "trainer.deterministic=true",
+            "callbacks.last_checkpoint.every_n_train_steps=3", "model.scheduler=linear", "model.warmup_steps=2",
+            "model.dropout=0.3", f"paths.log_dir={tmp_path}/logs", f"paths.cache_dir={cache_dir}"]
+
+
+def test_ddp_sim_two_cpu_processes_train_test_and_write_metrics(tmp_path, cache_dir):
+    """2 CPU ranks train, test and write metrics.json (the kill and resume: the slow test below)."""
+    common = _ddp_sim_args(tmp_path, cache_dir, epochs=1)
+    proc = _train_py(*common, f"hydra.run.dir={tmp_path / 'straight'}", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((tmp_path / "straight" / "metrics.json").read_text())
+    assert "test/acc" in metrics["metrics"]
+
+
+@pytest.mark.slow
 def test_ddp_sim_two_cpu_processes_and_exact_resume_after_sigkill(tmp_path, cache_dir):
     """2 CPU ranks: train; then SIGKILL both ranks mid-epoch and resume from last.ckpt: same run."""
     (tmp_path / "killer.py").write_text(KILLER)
-    common = ["trainer=ddp_sim", "logger=csv", *[a for a in FAST_CLI if not a.startswith("trainer=")],
-              "trainer.max_epochs=3", "trainer.limit_train_batches=4", "trainer.deterministic=true",
-              "callbacks.last_checkpoint.every_n_train_steps=3", "model.scheduler=linear", "model.warmup_steps=2",
-              "model.dropout=0.3", f"paths.log_dir={tmp_path}/logs", f"paths.cache_dir={cache_dir}"]
+    common = _ddp_sim_args(tmp_path, cache_dir, epochs=3)
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     runs = {name: tmp_path / name for name in ("straight", "killed", "resumed")}
     proc = _train_py(*common, f"hydra.run.dir={runs['straight']}", tmp_path=tmp_path)

@@ -13,7 +13,6 @@ import logging
 import os
 import shlex
 import struct
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_runner import run_cli
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -307,9 +307,9 @@ def _readme_analyze_args(checkpoint: Path) -> list[str]:
 
 
 def _analyze_cli(args: list[str], tmp_path: Path) -> Path:
-    proc = subprocess.run([sys.executable, str(ROOT / "analyze.py"), *args, f"output_dir={tmp_path / 'report'}",
-                           f"hydra.run.dir={tmp_path / 'analyze'}"], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "HYDRA_FULL_ERROR": "1"}, timeout=300)
+    proc = run_cli([sys.executable, str(ROOT / "analyze.py"), *args, f"output_dir={tmp_path / 'report'}",
+                    f"hydra.run.dir={tmp_path / 'analyze'}"], cwd=tmp_path,
+                   env={**os.environ, "HYDRA_FULL_ERROR": "1"}, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     return tmp_path / "report" / "report.html"
 
@@ -345,9 +345,9 @@ def test_cli_logs_once_names_outputs_and_its_analyze_command_works(tmp_path, cac
             "model.ffn_dim=32", "data.max_length=64", "callbacks.identifiability.probe_size=4",
             "callbacks.identifiability.plots=false", "logger=none"]
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *fast, f"hydra.run.dir={run_dir}",
-                           f"paths.cache_dir={cache_dir}"], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "HYDRA_FULL_ERROR": "1"}, timeout=300)
+    proc = run_cli([sys.executable, str(ROOT / "train.py"), *fast, f"hydra.run.dir={run_dir}",
+                    f"paths.cache_dir={cache_dir}"], cwd=tmp_path,
+                   env={**os.environ, "HYDRA_FULL_ERROR": "1"}, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert out.count("`Trainer.fit` stopped") == 1, out  # Lightning's INFO lines once, not twice

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import run_cli
 
 from identifiable_transformers.data import TextDataModule
 
@@ -142,10 +142,10 @@ def test_train_py_ends_a_bad_cell_with_one_error_line(tmp_path, write_rows):
     rows = _rows()
     rows[5]["r"] = "two"
     f = write_rows(tmp_path / "bad.csv", rows, "csv")
-    proc = subprocess.run(
+    proc = run_cli(
         [sys.executable, str(ROOT / "train.py"), "data=local", f"data.train_file={f}", "data.rationale_field=r",
          "logger=none", "trainer=cpu", f"paths.cache_dir={tmp_path}/cache", f"paths.log_dir={tmp_path}/logs"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "HYDRA_FULL_ERROR": ""})
+        cwd=tmp_path, timeout=300, env={**os.environ, "HYDRA_FULL_ERROR": ""})
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]

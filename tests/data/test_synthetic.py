@@ -324,14 +324,15 @@ def test_the_vocabulary_must_hold_every_word_of_the_task():
 
 def test_a_vocabulary_too_small_for_the_keywords_ends_with_one_error_line(tmp_path):
     """data=synthetic_order data.vocab_size=6 through train.py: exit status 1, one Error: line, no traceback."""
-    import subprocess
     import sys
     from pathlib import Path
 
+    from cli_runner import run_cli
+
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, str(root / "train.py"), "data=synthetic_order", "data.vocab_size=6",
-                           "logger=none", "trainer=cpu", f"paths.cache_dir={tmp_path}/cache",
-                           f"paths.log_dir={tmp_path}/logs"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = run_cli([sys.executable, str(root / "train.py"), "data=synthetic_order", "data.vocab_size=6",
+                    "logger=none", "trainer=cpu", f"paths.cache_dir={tmp_path}/cache",
+                    f"paths.log_dir={tmp_path}/logs"], cwd=tmp_path, timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]
     ours = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith(("INFO:", "WARNING:", "["))]

@@ -1,12 +1,12 @@
 """analyze.py hf_model=...: each user mistake is one ``Error:`` line (exit status 1), found before any long work."""
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,10 +62,9 @@ def test_data_and_source_mistakes(tiny_bert, tmp_path, run_analyze, overrides, s
 
 def test_the_command_line_prints_one_error_line(tmp_path):
     (tmp_path / "empty").mkdir()
-    proc = subprocess.run([sys.executable, str(ROOT / "analyze.py"), f"hf_model={tmp_path / 'empty'}", "text=a film",
-                           f"hydra.run.dir={tmp_path / 'hydra'}"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "HYDRA_FULL_ERROR": "",
-                                            "PYTHONPATH": os.pathsep.join(sys.path)})
+    proc = run_cli([sys.executable, str(ROOT / "analyze.py"), f"hf_model={tmp_path / 'empty'}", "text=a film",
+                    f"hydra.run.dir={tmp_path / 'hydra'}"], cwd=tmp_path, timeout=300,
+                   env={**os.environ, "HYDRA_FULL_ERROR": "", "PYTHONPATH": os.pathsep.join(sys.path)})
     assert proc.returncode == 1
     assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(f"Error: hf_model={tmp_path / 'empty'} "
                                                                          "has no config.json"), proc.stderr

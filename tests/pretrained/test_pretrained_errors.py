@@ -3,12 +3,12 @@
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import run_cli
 from helpers import wordpiece_vocab
 
 from identifiable_transformers.run.config_checks import check_config
@@ -82,9 +82,9 @@ def test_an_uncached_hub_id_fails_fast_when_the_hub_is_unreachable(make_cfg, mon
 
 def test_the_command_line_prints_one_error_line(tmp_path):
     (tmp_path / "empty").mkdir()
-    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *BASE, f"model.name_or_path={tmp_path / 'empty'}",
-                           f"paths.log_dir={tmp_path}/logs"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    proc = run_cli([sys.executable, str(ROOT / "train.py"), *BASE, f"model.name_or_path={tmp_path / 'empty'}",
+                    f"paths.log_dir={tmp_path}/logs"], cwd=tmp_path, timeout=300,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "Error: data: model.name_or_path=" in proc.stderr and "has no config.json" in proc.stderr
 
@@ -107,9 +107,9 @@ def test_a_checkpoint_rebuilds_without_the_original_folder(tiny_bert, tmp_path):
 def test_a_damaged_file_of_the_folder_is_named_in_one_error_line(tiny_bert, tmp_path, name, cut, match):
     folder = _copy(tiny_bert, tmp_path / "damaged", ())
     (folder / name).write_bytes(cut((folder / name).read_bytes()))
-    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *BASE, f"model.name_or_path={folder}",
-                           f"paths.log_dir={tmp_path}/logs"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    proc = run_cli([sys.executable, str(ROOT / "train.py"), *BASE, f"model.name_or_path={folder}",
+                    f"paths.log_dir={tmp_path}/logs"], cwd=tmp_path, timeout=300,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith("Error: ") and re.search(match, lines[-1]), proc.stderr[-3000:]

@@ -17,6 +17,7 @@ from ..common.errors import UserError, ensure_output_dir, user_error_message
 from ..common.files import DiskFullError, atomic_write
 from .designs import write_design_comparison
 from .equivalence import equivalence_table
+from .explainer_agreement import explainer_agreement
 from .factorial import is_factorial
 from .factorial_markdown import write_factorial
 from .faithfulness import faithfulness_table, seed_agreement
@@ -106,6 +107,11 @@ def _report(args: argparse.Namespace) -> None:
             atomic_write(out / "seed_agreement.csv", agreement.to_csv(index=False))
             atomic_write(out / "seed_agreement.md", markdown_table(agreement, GROUP + ["explainer"]))
             written += [out / "seed_agreement.md", out / "seed_agreement.csv"]
+        closeness = explainer_agreement(runs[usable(runs, "explanations.json")])
+        if closeness is not None:  # how close attention comes to value zeroing and ALTI
+            atomic_write(out / "explainer_agreement.csv", closeness.to_csv(index=False))
+            atomic_write(out / "explainer_agreement.md", markdown_table(closeness, GROUP + ["pair"]))
+            written += [out / "explainer_agreement.md", out / "explainer_agreement.csv"]
         if out / "faithfulness_designs.md" not in written and set(runs["head_combine"]) >= {"add", "concat"} \
                 and not is_factorial(runs):
             notes.append("no faithfulness_designs.md: no dataset and key size has two runs of each design "

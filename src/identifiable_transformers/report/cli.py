@@ -101,13 +101,14 @@ def _report(args: argparse.Namespace) -> None:
             written += write_factorial(runs, out)
         else:
             written += write_design_comparison(runs, out)  # pooled over key sizes, and per key size where both ran
-        agreement, notes = seed_agreement(runs[usable(runs, "explanations.json")])
+        explained = runs[usable(runs, "explanations.json")]  # each damaged file warned about once
+        agreement, notes = seed_agreement(explained)
         written += [out / "faithfulness.md", out / "faithfulness.csv"]
         if agreement is not None:
             atomic_write(out / "seed_agreement.csv", agreement.to_csv(index=False))
             atomic_write(out / "seed_agreement.md", markdown_table(agreement, GROUP + ["explainer"]))
             written += [out / "seed_agreement.md", out / "seed_agreement.csv"]
-        closeness = explainer_agreement(runs[usable(runs, "explanations.json")])
+        closeness = explainer_agreement(explained)
         if closeness is not None:  # how close attention comes to value zeroing and ALTI
             atomic_write(out / "explainer_agreement.csv", closeness.to_csv(index=False))
             atomic_write(out / "explainer_agreement.md", markdown_table(closeness, GROUP + ["pair"]))

@@ -225,9 +225,12 @@ def _become(request: dict) -> tuple[str, str]:
         os.dup2(opened, fd)
         os.close(opened)
     # A fresh interpreter draws fresh seeds; the children of one zygote would all share its draws.
+    import random
+
     import numpy
     import torch
 
+    random.seed()
     numpy.random.seed()
     torch.seed()
     return how, what

@@ -99,20 +99,15 @@ class CacheBuilder:
                 return ds.map(fn, batched=True, batch_size=1000, num_proc=procs, **kw)
             with workers_leave_ctrl_c_to_the_parent() as ctrl_c:  # the parent's KeyboardInterrupt, no worker's
                 try:
-                    mapped = ds.map(fn, batched=True, batch_size=1000, num_proc=procs, **kw)
-                except BaseException:
-                    if ctrl_c.pressed:  # datasets waits for the pool in a `finally` and raises a TimeoutError
+                    return ds.map(fn, batched=True, batch_size=1000, num_proc=procs, **kw)
+                finally:
+                    # A signal the handlers noted stops the build, whatever the map did with its exception: datasets
+                    # waits for the pool in a `finally` and raises a TimeoutError instead, and the pool's machinery
+                    # can swallow it (raised in a `finally`, a `__del__` or a proxy call it retries) and return.
+                    if ctrl_c.pressed:
                         raise KeyboardInterrupt from None
                     if received_sigterm():  # the same for SIGTERM (a scheduler's stop), noted by its handler
                         raise Terminated(signal.SIGTERM) from None
-                    raise
-                # A signal whose exception the pool's machinery swallowed (raised in a `finally`, a `__del__` or a
-                # proxy call it retries) still stops the build: the handlers noted it.
-                if ctrl_c.pressed:
-                    raise KeyboardInterrupt
-                if received_sigterm():
-                    raise Terminated(signal.SIGTERM)
-                return mapped
         finally:
             if procs:
                 if saved is None:

@@ -88,27 +88,23 @@ class _MaskedCopies:
 
     def _forward_by_length(self, example: Tensor, masks: Tensor) -> Tensor:
         """Full forward passes over the copies, shortest first, in chunks of similar length, each cut to its last
-        real position: a probe stratified over lengths (8 to 64 word pieces) then pays for each copy's own length,
-        not the longest example's (3x fewer token positions for a 6-layer pretrained encoder's erasure)."""
+        real position: a probe stratified over lengths then pays for each copy's own length, not the longest
+        example's (docs/faithfulness.md: 2.2x faster on a 6-layer encoder, 10-60 word pieces)."""
+        if masks.shape[0] == 0:
+            return masks.new_zeros(0, 0, dtype=torch.float32)
         ends = masks.shape[1] - masks.flip(1).int().argmax(1)  # one past each copy's last real position
         order = ends.argsort(stable=True)
-        probs = masks.new_zeros(masks.shape[0], 0, dtype=torch.float32)
-        i = 0
+        out, i = [], 0
         while i < len(order):
             t0 = int(ends[order[i]])
             j = i + 1  # the chunk: copies up to 1.25 x (at least 8 more than) its shortest, within _CHUNK_TOKENS
             while j < len(order) and int(ends[order[j]]) <= max(t0 + 8, 1.25 * t0) and \
                     (j - i + 1) * int(ends[order[j]]) <= _CHUNK_TOKENS:
                 j += 1
-            rows = order[i:j]
-            t = int(ends[rows].max())
-            p = self.model(self.input_ids[example[rows], :t], masks[rows, :t]).logits.float().softmax(-1)
-            if probs.shape[1] == 0:
-                probs = p.new_zeros(masks.shape[0], p.shape[1])
-            probs[rows] = p
+            rows, t = order[i:j], int(ends[order[j - 1]])  # sorted: the chunk's last copy is its longest
+            out.append(self.model(self.input_ids[example[rows], :t], masks[rows, :t]).logits.float().softmax(-1))
             i = j
-        return probs
-
+        return torch.cat(out)[order.argsort()]  # back from length order to the copies' order
 
 def _masked_probs(model, input_ids: Tensor, example: Tensor, masks: Tensor) -> Tensor:
     """One set of masked copies (:class:`_MaskedCopies`): (S,) and (S, T) -> (S, C) class probabilities."""

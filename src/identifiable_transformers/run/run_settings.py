@@ -58,12 +58,17 @@ class RunSettingsRecord(pl.Callback):
                                       "world_size": trainer.world_size}
 
 
-def check_resume_world_size(ckpt: dict[str, Any], trainer: pl.Trainer, path: str) -> None:
-    """Refuse to resume training on another number of processes (``trainer.devices`` x ``trainer.num_nodes``):
-    each step's global batch and the rows each rank reads would change midway, while the run's records say it
-    trained on one setting throughout. Checkpoints written before the world size was recorded are not checked."""
+def recorded_world_size(ckpt: dict[str, Any]) -> int | None:
+    """The number of processes the checkpoint's run trained on; None for checkpoints written before it was recorded."""
     saved = (ckpt.get(CHECKPOINT_KEY) or {}).get("world_size")
-    if saved is None or int(saved) == trainer.world_size:
+    return None if saved is None else int(saved)
+
+
+def check_resume_world_size(saved: int | None, trainer: pl.Trainer, path: str) -> None:
+    """Refuse to resume training on another number of processes (``trainer.devices`` x ``trainer.num_nodes``) than
+    ``saved`` (:func:`recorded_world_size`): each step's global batch and the rows each rank reads would change
+    midway, while the run's records say it trained on one setting throughout. None is not checked."""
+    if saved is None or saved == trainer.world_size:
         return
     raise UserError(f"ckpt_path {path!r} was trained on {saved} process(es) (trainer.devices x trainer.num_nodes); "
                     f"this run has {trainer.world_size}: every step's global batch and the rows each process reads "

@@ -41,7 +41,13 @@ from .checks import (
 from .config_checks import check_config
 from .history import MetricsHistory
 from .lock import unlock_run_folder
-from .run_settings import RunSettingsRecord, check_resume_run_settings, check_resume_world_size, training_settings
+from .run_settings import (
+    RunSettingsRecord,
+    check_resume_run_settings,
+    check_resume_world_size,
+    recorded_world_size,
+    training_settings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +136,7 @@ def _ctrl_c(cfg: DictConfig, output_dir: Path, state: dict) -> Interrupted:
 
 def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
     ckpt_path = cfg.get("ckpt_path")
-    ckpt, resume_changes = None, []
+    ckpt, resume_changes, trained_on = None, [], None  # trained_on: the checkpoint's number of processes
     if ckpt_path:  # refused here with a clear message, before Lightning meets a damaged or foreign file
         ckpt, _ = read_checkpoint(ckpt_path, what="ckpt_path")
         check_resume_batch_size(cfg, ckpt, ckpt_path)
@@ -173,6 +179,8 @@ def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
         check_compatible(ckpt, model, ckpt_path, what="ckpt_path")
         refuse_other_architecture(cfg, ckpt, ckpt_path)  # same shapes, other computation (e.g. model.activation)
         _check_same_tokenizer(ckpt, datamodule, ckpt_path)
+        trained_on = recorded_world_size(ckpt)  # checked once the trainer knows its own
+        del ckpt  # the weights and optimiser state: Lightning reads the file again when it resumes
     loggers = build_loggers(cfg)
     history = MetricsHistory(output_dir)  # metrics_history.csv: always, whatever the callbacks config
     callbacks = [*_instantiate_dict(cfg.get("callbacks")), history,
@@ -187,10 +195,8 @@ def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
         callbacks.append(ModelSummary())  # Lightning's own, less its column of zero FLOPs
     trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     state["trainer"] = trainer
-    if ckpt is not None:
-        if cfg.get("train"):
-            check_resume_world_size(ckpt, trainer, ckpt_path)
-        del ckpt
+    if cfg.get("train"):
+        check_resume_world_size(trained_on, trainer, ckpt_path)
 
     try:
         params = count_parameters(model)

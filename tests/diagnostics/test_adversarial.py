@@ -178,3 +178,49 @@ def test_adversarial_attention_keeps_the_prediction(layers):
             line_tv = 0.5 * (cand - a).abs().sum(-1)
             assert float(tv[b, h]) >= float(line_tv[jsd <= eps].max()) - 1e-6
     assert (tv > 0.05).all()
+
+
+def _readout_against_override(model, ids, mask, seed=0):
+    """LastLayerReadout's logits against whole forward passes with the last layer's head h rows overridden
+    (override_attention: the model's own attention code), on random rows over the real keys."""
+    from identifiable_transformers.diagnostics.faithfulness.last_layer import LastLayerReadout
+
+    with torch.no_grad():
+        out = model(ids, mask, output_attentions=True)
+    B, H, T, _ = out.attentions[-1].shape
+    L = len(out.attentions)
+    g = torch.Generator().manual_seed(seed)
+    b = torch.arange(B).repeat_interleave(H)
+    h = torch.arange(H).repeat(B)
+    rows = torch.rand(len(b), T, T, generator=g) * mask[b][:, None, :]
+    rows = rows / rows.sum(-1, keepdim=True)
+    q = mask[b] if model.pooling == "mean" else torch.arange(T)[None].expand(len(b), -1) == 0  # the read rows
+    rows = torch.where(q[:, :, None], rows, out.attentions[-1][b, h])
+    assert LastLayerReadout.applies(model)
+    with torch.no_grad():
+        got = LastLayerReadout(model, ids, mask).logits(b, h, rows)
+    for s in range(len(b)):
+        def hook(layer, w, _m, s=s):
+            if layer != L - 1:
+                return w
+            w = w.clone()
+            w[:, h[s]] = rows[s]
+            return w
+
+        with torch.no_grad(), override_attention(model, hook):
+            want = model(ids[b[s] : b[s] + 1], mask[b[s] : b[s] + 1]).logits[0]
+        torch.testing.assert_close(got[s], want, atol=2e-5, rtol=1e-4)
+    # and differentiable in the rows (the projected ascent takes its gradient)
+    rows = rows.requires_grad_(True)
+    (grad,) = torch.autograd.grad(LastLayerReadout(model, ids, mask).logits(b, h, rows).sum(), rows)
+    assert grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("layers,pooling,norm_first,head_combine", [(1, "cls", False, "add"), (3, "cls", False, "add"),
+                                                                    (2, "mean", True, "concat"), (2, "cls", True, "add")])
+def test_last_layer_readout_matches_the_overridden_forward(layers, pooling, norm_first, head_combine):
+    torch.manual_seed(layers)
+    model = TransformerClassifier(30, 3, embed_dim=8, num_heads=2, key_dim=2, head_combine=head_combine, ffn_dim=16,
+                                  num_layers=layers, pooling=pooling, norm_first=norm_first, dropout=0.0).eval()
+    ids, mask = _batch(layers)
+    _readout_against_override(model, ids, mask)

@@ -94,3 +94,14 @@ def test_maps_are_distributions_and_alti_ignores_the_layer_norm_bias(family):
     torch.testing.assert_close(alti(m, ids, mask)[:, 0], before)
     scores = explain(m, ids, mask, ["value_zeroing", "alti_layer1"])
     assert scores["value_zeroing"].shape == (3, 8) and (scores["alti_layer1"][:, 0] == 0).all()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_adversarial_last_layer_readout_matches_the_overridden_forward(family, pooling):
+    from test_adversarial import _readout_against_override
+
+    m = _model(family)
+    m.pooling = pooling
+    ids, mask = _batch(m.pad_id)
+    _readout_against_override(m, ids, mask)

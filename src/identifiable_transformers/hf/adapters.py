@@ -105,6 +105,8 @@ class Family:
     install: Callable[[nn.Module], None] | None = None
     # Why the key-aware count (which recomputes A = softmax(s Q K^T) from the projections) does not apply; None: it does
     key_aware_unsupported: str | None = None
+    # encoder -> the norm applied to the last layer's output before last_hidden_state (ModernBERT's), or None
+    final_norm: Callable[[nn.Module], nn.Module | None] = lambda _encoder: None
 
 
 def _bert_self(layer: nn.Module) -> nn.Module:
@@ -203,7 +205,7 @@ MODERNBERT = Family(
     layers=lambda m: m.layers, attention=lambda l: l.attn,
     query=lambda l: None, key=lambda l: None, value=lambda l: None,
     output=lambda l: l.attn.Wo, word_embeddings=lambda m: m.embeddings.tok_embeddings,
-    max_tokens=lambda c: int(c.max_position_embeddings),
+    max_tokens=lambda c: int(c.max_position_embeddings), final_norm=lambda m: m.final_norm,
     key_aware_unsupported=("ModernBERT fuses its projections (Wqkv), rotates queries and keys and windows the "
                            "attention of its local layers"),
 )

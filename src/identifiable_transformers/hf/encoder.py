@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from ..models.attention import AttentionInternals
-from ..models.classifier import POOLINGS, ClassifierOutput, _check_choice
+from ..models.classifier import POOLINGS, ClassifierOutput, _check_choice, pool
 from .adapters import ATTENTION, AttentionState, Family, family_for, register_attention
 from .data import separator_id, special_token_ids
 
@@ -156,12 +156,15 @@ class PretrainedClassifier(nn.Module):
             weights = tuple(self._state.weights) if output_attentions else None
         finally:
             self._state.weights = None
-        if self.pooling == "cls":
-            pooled = x[:, 0]
-        else:
-            m = mask.unsqueeze(-1).to(x.dtype)
-            pooled = (x * m).sum(1) / m.sum(1).clamp_min(1.0)
-        return ClassifierOutput(logits=self.head(self.dropout(pooled)), attentions=weights, hidden_states=x)
+        return ClassifierOutput(logits=self.head(self.dropout(pool(x, mask, self.pooling))), attentions=weights,
+                                hidden_states=x)
+
+    def logits_from_last_layer(self, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Logits from the last layer's output y (B, T', d) and its mask (B, T'): the family's final norm (ModernBERT's;
+        none for the others), pooling and the head, as ``forward`` does after the layers. With cls pooling T' may
+        be 1 (only the first token is read)."""
+        norm = self.family.final_norm(self.encoder)
+        return self.head(self.dropout(pool(y if norm is None else norm(y), mask, self.pooling)))
 
     def attention_internals(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
                             ) -> list[AttentionInternals]:

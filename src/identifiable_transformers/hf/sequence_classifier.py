@@ -34,6 +34,10 @@ class CheckpointClassifier(PretrainedClassifier):
     into logits. ``pooling`` says which query row that head reads (the first token for BERT, RoBERTa, DistilBERT,
     ELECTRA and DeBERTa heads; ``config.classifier_pooling`` where the family has one)."""
 
+    # Each family's task head reads the base model's outputs its own way (BERT's pooler sits inside the encoder): no
+    # shortcut from the last layer's output, so the adversarial search runs whole forward passes.
+    logits_from_last_layer = None
+
     def __init__(self, task: nn.Module, family: Family, pad_id: int | None = None, max_len: int | None = None):
         nn.Module.__init__(self)
         if getattr(task.config, "_attn_implementation", None) != ATTENTION:
@@ -78,6 +82,7 @@ class EncoderOnly(PretrainedClassifier):
     explain a prediction)."""
 
     has_head = False
+    logits_from_last_layer = None
 
     def __init__(self, encoder: nn.Module, family: Family, name: str, pooling: str = "cls",
                  pad_id: int | None = None, max_len: int | None = None):

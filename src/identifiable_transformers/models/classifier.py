@@ -29,6 +29,14 @@ class ClassifierOutput:
     hidden_states: torch.Tensor | None = None  # (B, T, d) output of the last encoder layer
 
 
+def pool(x: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    """(B, T, d) hidden states -> (B, d): the first token's ("cls") or the mean over real tokens ("mean")."""
+    if pooling == "cls":
+        return x[:, 0]
+    m = mask.unsqueeze(-1).to(x.dtype)  # (B, T, 1)
+    return (x * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+
 def _check_choice(name: str, value: str, choices) -> None:
     if value not in choices:
         raise ValueError(f"{name}={value!r} is unknown; use one of {list(choices)}")
@@ -192,14 +200,15 @@ class TransformerClassifier(nn.Module):
             x, weights = layer(x, mask, need_weights=output_attentions)
             attentions.append(weights)
         x = self.final_norm(x)  # (B, T, d)
-        if self.pooling == "cls":
-            pooled = x[:, 0]
-        else:
-            m = mask.unsqueeze(-1).to(x.dtype)  # (B, T, 1)
-            pooled = (x * m).sum(1) / m.sum(1).clamp_min(1.0)
         return ClassifierOutput(
-            logits=self.head(pooled), attentions=tuple(attentions) if output_attentions else None, hidden_states=x
+            logits=self.head(pool(x, mask, self.pooling)), attentions=tuple(attentions) if output_attentions else None,
+            hidden_states=x,
         )
+
+    def logits_from_last_layer(self, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Logits from the last layer's output y (B, T', d) and its mask (B, T'): what ``forward`` does after the
+        layers. With cls pooling T' may be 1 (only the first token is read)."""
+        return self.head(pool(self.final_norm(y), mask, self.pooling))
 
     def attention_internals(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None

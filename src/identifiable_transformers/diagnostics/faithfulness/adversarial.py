@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ...models import override_attention
 from ._common import _eval_with_grad, _inputs
-from .readout import _ClsReadout
+from .last_layer import LastLayerReadout
 
 
 def project_simplex(v: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -79,18 +79,15 @@ def adversarial_attention(
             qmask[:, 0] = True
         else:
             qmask = mask.clone()
-        readout = None
-        if _ClsReadout.applies(model):  # the exact shortcut: only the <cls> row of the one layer matters
-            with torch.no_grad():
-                readout = _ClsReadout(model, ids)
+        # The exact shortcut: only the last layer's searched rows change (last_layer.py).
+        readout = LastLayerReadout(model, ids, mask) if LastLayerReadout.applies(model) else None
 
         def probs(x_in: Tensor, b: Tensor, h: Tensor) -> Tensor:
             """Class probabilities (S, C) of copies of examples b with head h's searched rows set to x_in (S, T, T)."""
             q = qmask[b]
             if readout is not None:
-                w = torch.where(F.one_hot(h, H).bool()[:, :, None], x_in[:, None, 0], readout.weights(b, mask[b]))
-                logits = readout.logits(b, w).float()
-            else:
+                logits = readout.logits(b, h, x_in).float()
+            else:  # whole forward passes with the head's rows overridden
                 sel = F.one_hot(h, H).bool()[:, :, None, None] & q[:, None, :, None]  # (S, H, T, 1)
 
                 def hook(layer: int, w: Tensor, _m) -> Tensor:

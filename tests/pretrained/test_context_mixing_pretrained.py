@@ -228,6 +228,18 @@ def test_deberta_with_a_convolution_and_unknown_families_are_refused():
     ids, mask = _batch(m.pad_id)
     with pytest.raises(ValueError, match="convolution over neighbouring tokens"):
         value_zeroing(m, ids, mask)
+    # The faithfulness callback leaves them out up front (with a warning), not after the first epoch...
+    from identifiable_transformers.diagnostics.callbacks.faithfulness import FaithfulnessCallback
+
+    cb = FaithfulnessCallback()
+    cb._drop_unsupported(m)
+    assert cb.explainers == [e for e in CHEAP_EXPLAINERS if e not in ("value_zeroing", "alti", "norm_resln")]
+    with pytest.raises(ValueError, match="pick others"):
+        FaithfulnessCallback(explainers=["alti_layer0"])._drop_unsupported(m)
+    # ...and the adversarial search runs whole forward passes on it (the last layer's readout needs its blocks)
+    from identifiable_transformers.diagnostics.faithfulness.last_layer import LastLayerReadout
+
+    assert not LastLayerReadout.applies(m) and LastLayerReadout.applies(_model("deberta-v2"))
     m = _model("bert")
     m.family = dataclasses.replace(m.family, name="gpt-9")
     with pytest.raises(ValueError, match="'gpt-9'"):

@@ -194,6 +194,12 @@ class PretrainedClassifier(nn.Module):
 
         return encoder_blocks(self, input_ids, attention_mask)
 
+    def context_mixing_unsupported(self) -> str | None:
+        """Why the context-mixing explainers cannot read this model's layers (hf/blocks.py), or None."""
+        from .blocks import context_mixing_unsupported
+
+        return context_mixing_unsupported(self)
+
     @contextmanager
     def override_attention(self, hook: Callable[[int, torch.Tensor, torch.Tensor | None], torch.Tensor]
                            ) -> Iterator[None]:

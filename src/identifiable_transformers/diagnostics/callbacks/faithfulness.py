@@ -36,6 +36,7 @@ from ..faithfulness import (
     EXPLAINERS,
     RANDOM_DRAWS,
     adversarial_attention,
+    context_mixing_name,
     faithfulness_report,
     integrated_gradients,
     rationale_mask,
@@ -131,9 +132,22 @@ class FaithfulnessCallback(pl.Callback):
     def _probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         """The part of the shared probe this callback scores (examples up to ``max_length``), with its bins."""
         if self._scored is None:
+            self._drop_unsupported(pl_module.model)
             probe = self._ident(trainer)._ensure_probe(trainer, pl_module)
             self._scored = scored_part(probe, pl_module.model, self.max_length, self.length_bins, "faithfulness")
         return self._scored
+
+    def _drop_unsupported(self, model) -> None:
+        """Leave out the context-mixing explainers, with a warning, where the model says they cannot read its
+        layers (a DeBERTa-v2 with a convolution: hf/blocks.py), rather than fail after the first epoch."""
+        reason = getattr(model, "context_mixing_unsupported", lambda: None)()
+        mixing = [e for e in self.explainers if context_mixing_name(e) is not None]
+        if reason is None or not mixing:
+            return
+        self.explainers = [e for e in self.explainers if e not in mixing]
+        if not self.explainers:
+            raise ValueError(f"callbacks.faithfulness.explainers={mixing}: {reason}; pick others")
+        log.warning("faithfulness: leaving out %s: %s", mixing, reason)
 
     def _out_dir(self, trainer: pl.Trainer) -> Path:
         return self._ident(trainer)._out_dir(trainer)

@@ -30,7 +30,7 @@ masked copies run) and ``_common`` (shared helpers).
 from ...data.rationales import rationale_mask  # the batches' mask, one definition for data and diagnostics
 from .adversarial import adversarial_attention, project_simplex
 from .agreement import kendall_tau_b
-from .context_mixing import CONTEXT_MIXING, alti, norm_resln, rollout_maps, value_zeroing
+from .context_mixing import CONTEXT_MIXING, alti, context_mixing_name, norm_resln, rollout_maps, value_zeroing
 from .erasure import AOPC_BINS
 from .explainers import CHEAP_EXPLAINERS, EXPLAINERS, explain, integrated_gradients, unknown_explainers
 from .plausibility import PLAUSIBILITY_METRICS, average_precision, plausibility_metrics
@@ -49,6 +49,7 @@ __all__ = [
     "adversarial_attention",
     "alti",
     "average_precision",
+    "context_mixing_name",
     "explain",
     "faithfulness_report",
     "integrated_gradients",

@@ -38,9 +38,12 @@ class LastLayerReadout:
 
     @staticmethod
     def applies(model) -> bool:
-        """Models with ``encoder_blocks`` and a ``logits_from_last_layer`` (not a checkpoint's own task head)."""
-        return callable(getattr(model, "encoder_blocks", None)) and callable(getattr(model, "logits_from_last_layer",
-                                                                                   None))
+        """Models with ``encoder_blocks`` (that can read their layers) and a ``logits_from_last_layer`` (not a
+        checkpoint's own task head)."""
+        unsupported = getattr(model, "context_mixing_unsupported", None)
+        return (callable(getattr(model, "encoder_blocks", None))
+                and callable(getattr(model, "logits_from_last_layer", None))
+                and (unsupported is None or unsupported() is None))
 
     def logits(self, b: Tensor, h: Tensor, rows: Tensor) -> Tensor:
         """(S,) examples, (S,) heads, (S, T, T) maps (only the read query rows are used) -> (S, C) logits."""

@@ -193,28 +193,73 @@ def test_erasure_metrics_against_explicit_loops(head_combine, layers, chunk, mon
     scores = torch.randn(ids.shape, generator=g)
     scores[0, 3] = scores[0, 5]  # a tie: broken by position (3 before 5)
     rep = F.faithfulness_report(model, ids, mask, explainers=["random"], precomputed={"random": scores})
-    for b in range(ids.shape[0]):
-        n_all = int(mask[b].sum())
-        seq, n = ids[b, :n_all], n_all - 1
-        pred = _argmax(model, seq)
-        p = _prob_of(model, seq, pred)
-        order = sorted(range(1, n_all), key=lambda j: (-float(scores[b, j]), j))
-        comp, suff = [], []
-        for k in F.AOPC_BINS:
-            top = set(order[: min(n, max(1, math.ceil(k * n / 100)))])
-            comp.append(p - _prob_of(model, seq[[j for j in range(n_all) if j not in top]], pred))
-            suff.append(p - _prob_of(model, seq[[0, *sorted(top)]], pred))
-        flip = 1.0
-        for s in range(1, n + 1):
-            if _argmax(model, seq[[j for j in range(n_all) if j not in order[:s]]]) != pred:
-                flip = s / n
-                break
-        pe = rep["per_example"]
-        assert float(pe["random/comprehensiveness"][b]) == pytest.approx(np.mean(comp), abs=1e-5)
-        assert float(pe["random/sufficiency"][b]) == pytest.approx(np.mean(suff), abs=1e-5)
-        assert float(pe["random/flip_frac"][b]) == pytest.approx(flip)
+    _check_erasure_against_loops(model, ids, mask, rep["per_example"], {"random": scores})
     assert rep["metrics"]["random/comprehensiveness"] == pytest.approx(
         float(rep["per_example"]["random/comprehensiveness"].mean()), abs=1e-6)
+
+
+def _check_erasure_against_loops(model, ids, mask, per_example, scores):
+    """comprehensiveness, sufficiency and flip_frac of each explainer against running every shorter sequence by
+    itself (positional="none": removing a token is running the sequence without it); returns the flip fractions."""
+    flips = {}
+    for name, sc in scores.items():
+        for b in range(ids.shape[0]):
+            n_all = int(mask[b].sum())
+            seq, n = ids[b, :n_all], n_all - 1
+            pred = _argmax(model, seq)
+            p = _prob_of(model, seq, pred)
+            order = sorted(range(1, n_all), key=lambda j: (-float(sc[b, j]), j))
+            comp, suff = [], []
+            for k in F.AOPC_BINS:
+                top = set(order[: min(n, max(1, math.ceil(k * n / 100)))])
+                comp.append(p - _prob_of(model, seq[[j for j in range(n_all) if j not in top]], pred))
+                suff.append(p - _prob_of(model, seq[[0, *sorted(top)]], pred))
+            flip = 1.0
+            for s in range(1, n + 1):
+                if _argmax(model, seq[[j for j in range(n_all) if j not in order[:s]]]) != pred:
+                    flip = s / n
+                    break
+            flips[name, b] = flip
+            assert float(per_example[f"{name}/comprehensiveness"][b]) == pytest.approx(np.mean(comp), abs=1e-5)
+            assert float(per_example[f"{name}/sufficiency"][b]) == pytest.approx(np.mean(suff), abs=1e-5)
+            assert float(per_example[f"{name}/flip_frac"][b]) == pytest.approx(flip), (name, b)
+    return flips
+
+
+def test_erasure_of_many_explainers_at_once_scans_the_curve_only_to_its_first_flip(monkeypatch):
+    """Three explainers (two with the same scores) on examples of up to 30 tokens, so that the removal curve is
+    scanned over several windows: every figure as the explicit loops give it; the copy a second explainer shares
+    runs once; and the curve is not run past a flip (fewer copies than every explainer's n + 2 K)."""
+    from identifiable_transformers.diagnostics.faithfulness import readout
+
+    model = random_model(layers=2, pooling="mean", seed=3)
+    with torch.no_grad():
+        model.head.weight.mul_(8.0)  # a sharp head: removals flip the prediction at various points
+    ids, mask = random_batch(T=30, seed=2)
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(ids.shape, generator=g)
+    rows = []
+    real = readout._MaskedCopies.__call__
+    monkeypatch.setattr(readout._MaskedCopies, "__call__", lambda self, e, m: rows.append(len(e)) or real(self, e, m))
+    for names in (["a", "reversed"], ["a", "same", "reversed"]):
+        rows.clear()
+        scores = {"a": a, "same": a.clone(), "reversed": -a}
+        rep = F.faithfulness_report(model, ids, mask, explainers=names, precomputed={k: scores[k] for k in names},
+                                    random_draws=1)
+        ran = sum(rows) - int(_scorable_count(mask))  # less the loo explainer's copies
+        if len(names) == 2:
+            flips = _check_erasure_against_loops(model, ids, mask, rep["per_example"], {k: scores[k] for k in names})
+            two = ran
+        else:
+            _check_erasure_against_loops(model, ids, mask, rep["per_example"], {k: scores[k] for k in names})
+            assert ran == two  # "same" added no copy
+    n = mask.sum(1) - 1
+    eager = 2 * int((n + 2 * len(F.AOPC_BINS)).sum())
+    assert any(f < 0.5 for f in flips.values()) and ran < eager
+
+
+def _scorable_count(mask):
+    return (mask.sum(1) - 1).sum()
 
 
 def test_cls_only_input_gives_nan_metrics_that_the_mean_skips():

@@ -191,3 +191,26 @@ def test_two_text_fields_are_encoded_as_the_tokenizers_pair(tiny_bert, tmp_path)
     got = [tuple(x) for d in (dm.train_dataset, dm.val_dataset) for x in d["input_ids"]]
     assert len(got) == 30 and set(got) <= expected
     assert any(len(g) == 12 for g in got) and all(g.count(tokenizer.sep_token_id) == 2 for g in got)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert", "electra"])
+def test_kept_logits_are_the_masked_forwards(tmp_path, family):
+    """kept_logits (the kept tokens run as a shorter sequence at their own positions and segments: how erasure's
+    copies run) against the model's forward with the dropped tokens masked out, on pairs, separators dropped too."""
+    _save_classifier(tmp_path, family)
+    model, tokenizer = load_hf_classifier(str(tmp_path))
+    enc = tokenizer(*PAIRS, padding=True, return_tensors="pt")
+    ids, mask = enc["input_ids"].repeat(4, 1), enc["attention_mask"].bool().repeat(4, 1)
+    keep = mask & (torch.rand(ids.shape, generator=torch.Generator().manual_seed(0)) < 0.6)
+    keep[:, 0] = True
+    keep[-1] = mask[-1]  # one copy keeps everything
+    assert bool((mask & ~keep & (ids == tokenizer.sep_token_id)).any())  # a separator is dropped somewhere
+    assert model.keeps_positions
+    with torch.no_grad():
+        torch.testing.assert_close(model.kept_logits(ids, keep), model(ids, keep).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_relative_and_windowed_positions_do_not_keep_positions():
+    from identifiable_transformers.hf.adapters import FAMILIES as ADAPTERS
+
+    assert {f.name for f in ADAPTERS if f.positions is None} == {"deberta-v2", "modernbert"}

@@ -105,8 +105,16 @@ class Family:
     install: Callable[[nn.Module], None] | None = None
     # Why the key-aware count (which recomputes A = softmax(s Q K^T) from the projections) does not apply; None: it does
     key_aware_unsupported: str | None = None
+    # (config, T, device) -> the (T,) position ids the encoder gives a T-token input, for families whose positions
+    # are absolute embeddings it takes as position_ids (a shorter sequence can then keep its tokens' own); None:
+    # relative or windowed positions (DeBERTa, ModernBERT), which depend on where the other tokens sit
+    positions: Callable[[object, int, torch.device], torch.Tensor] | None = None
     # encoder -> the norm applied to the last layer's output before last_hidden_state (ModernBERT's), or None
     final_norm: Callable[[nn.Module], nn.Module | None] = lambda _encoder: None
+
+
+def _from_zero(_config, T: int, device) -> torch.Tensor:
+    return torch.arange(T, device=device)
 
 
 def _bert_self(layer: nn.Module) -> nn.Module:
@@ -118,7 +126,7 @@ BERT = Family(
     layers=lambda m: m.encoder.layer, attention=_bert_self,
     query=lambda l: _bert_self(l).query, key=lambda l: _bert_self(l).key, value=lambda l: _bert_self(l).value,
     output=lambda l: l.attention.output.dense, word_embeddings=lambda m: m.embeddings.word_embeddings,
-    max_tokens=lambda c: int(c.max_position_embeddings),
+    max_tokens=lambda c: int(c.max_position_embeddings), positions=_from_zero,
 )
 # RoBERTa numbers positions from pad_token_id + 1 (create_position_ids_from_input_ids): 514 positions, 512 tokens.
 ROBERTA = Family(
@@ -126,19 +134,20 @@ ROBERTA = Family(
     layers=BERT.layers, attention=BERT.attention, query=BERT.query, key=BERT.key, value=BERT.value,
     output=BERT.output, word_embeddings=BERT.word_embeddings,
     max_tokens=lambda c: int(c.max_position_embeddings) - int(c.pad_token_id) - 1,
+    positions=lambda c, T, device: torch.arange(T, device=device) + int(c.pad_token_id) + 1,
 )
 DISTILBERT = Family(
     name="distilbert", model_types=("distilbert",),
     layers=lambda m: m.transformer.layer, attention=lambda l: l.attention,
     query=lambda l: l.attention.q_lin, key=lambda l: l.attention.k_lin, value=lambda l: l.attention.v_lin,
     output=lambda l: l.attention.out_lin, word_embeddings=lambda m: m.embeddings.word_embeddings,
-    max_tokens=lambda c: int(c.max_position_embeddings),
+    max_tokens=lambda c: int(c.max_position_embeddings), positions=_from_zero,
 )
 # ELECTRA's discriminator is a BERT encoder (its embeddings may be narrower, projected up to the hidden size).
 ELECTRA = Family(
     name="electra", model_types=("electra",),
     layers=BERT.layers, attention=BERT.attention, query=BERT.query, key=BERT.key, value=BERT.value,
-    output=BERT.output, word_embeddings=BERT.word_embeddings, max_tokens=BERT.max_tokens,
+    output=BERT.output, word_embeddings=BERT.word_embeddings, max_tokens=BERT.max_tokens, positions=_from_zero,
 )
 
 

@@ -132,27 +132,53 @@ class PretrainedClassifier(nn.Module):
         sep = (input_ids == self.sep_id).long()
         return (((sep.cumsum(1) - sep) > 0) & mask).long()
 
-    def _model_inputs(self, input_ids: torch.Tensor, mask: torch.Tensor) -> dict:
+    def _model_inputs(self, input_ids: torch.Tensor, mask: torch.Tensor, placed: dict | None = None) -> dict:
+        """The encoder's keyword inputs; ``placed`` ({position_ids, token_type_ids}, from :meth:`kept_logits`)
+        replaces the positions and segments the ids would get."""
         inputs = {"input_ids": input_ids, "attention_mask": mask.long()}
         types = self.token_types(input_ids, mask)
         if types is not None:
             inputs["token_type_ids"] = types
-        return inputs
+        return {**inputs, **(placed or {})}
 
-    def _encode(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _encode(self, input_ids: torch.Tensor, mask: torch.Tensor, placed: dict | None = None) -> torch.Tensor:
         self._state.key_mask = mask
         try:
-            return self.encoder(**self._model_inputs(input_ids, mask)).last_hidden_state
+            return self.encoder(**self._model_inputs(input_ids, mask, placed)).last_hidden_state
         finally:
             self._state.key_mask = None
 
+    @property
+    def keeps_positions(self) -> bool:
+        """Whether :meth:`kept_logits` applies: absolute positions the encoder takes as ``position_ids``."""
+        return self.family.positions is not None
+
+    def kept_logits(self, input_ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """Logits of each row of ``input_ids`` (S, T) seen through ``keep`` (S, T) bool (the first token kept):
+        ``forward(input_ids, keep)``, run as the shorter sequence of the kept tokens at their own positions and
+        segments. A dropped token is a masked key in every layer and the rest of a layer works token by token, so
+        the kept tokens' outputs are the same, at the cost of the kept tokens only (erasure's copies:
+        diagnostics/faithfulness/readout.py). Only where :attr:`keeps_positions` (absolute positions)."""
+        if not self.keeps_positions:
+            raise ValueError(f"{self.family.name} models do not take absolute position ids: run forward(ids, keep)")
+        S, T = input_ids.shape
+        positions = self.family.positions(self.encoder.config, T, input_ids.device)  # (T,)
+        types = self.token_types(input_ids, torch.ones_like(keep))  # from the whole row: dropped tokens count
+        n = keep.sum(1)
+        idx = keep.to(torch.int8).argsort(dim=1, descending=True, stable=True)[:, : int(n.max())]  # kept ones, in order
+        mask = torch.arange(idx.shape[1], device=keep.device) < n[:, None]
+        placed = {"position_ids": positions[idx]}
+        if types is not None:
+            placed["token_type_ids"] = types.gather(1, idx) * mask
+        return self(input_ids.gather(1, idx).masked_fill(~mask, self.pad_id), mask, placed=placed).logits
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                output_attentions: bool = False) -> ClassifierOutput:
+                output_attentions: bool = False, *, placed: dict | None = None) -> ClassifierOutput:
         mask = self._mask(input_ids, attention_mask)
         if output_attentions:
             self._state.weights = [None] * self.num_layers
         try:
-            x = self._encode(input_ids, mask)  # (B, T, d)
+            x = self._encode(input_ids, mask, placed)  # (B, T, d)
             weights = tuple(self._state.weights) if output_attentions else None
         finally:
             self._state.weights = None

@@ -60,7 +60,7 @@ class CheckpointClassifier(PretrainedClassifier):
         return int(self.task.config.num_labels)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                output_attentions: bool = False) -> ClassifierOutput:
+                output_attentions: bool = False, *, placed: dict | None = None) -> ClassifierOutput:
         mask = self._mask(input_ids, attention_mask)
         last: list[torch.Tensor] = []  # the encoder's last hidden state, on its way into the head
         hook = self.encoder.register_forward_hook(lambda _m, _args, out: last.append(out[0]))
@@ -68,7 +68,7 @@ class CheckpointClassifier(PretrainedClassifier):
             self._state.weights = [None] * self.num_layers
         self._state.key_mask = mask
         try:
-            logits = self.task(**self._model_inputs(input_ids, mask)).logits
+            logits = self.task(**self._model_inputs(input_ids, mask, placed)).logits
             weights = tuple(self._state.weights) if output_attentions else None
         finally:
             hook.remove()
@@ -101,7 +101,7 @@ class EncoderOnly(PretrainedClassifier):
                 "or fine-tune a head first (train.py model=pretrained)")
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                output_attentions: bool = False) -> ClassifierOutput:
+                output_attentions: bool = False, *, placed: dict | None = None) -> ClassifierOutput:
         raise ValueError(self.no_head)
 
 

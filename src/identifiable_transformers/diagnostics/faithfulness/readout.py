@@ -89,10 +89,14 @@ class _MaskedCopies:
     def _forward_by_length(self, example: Tensor, masks: Tensor) -> Tensor:
         """Full forward passes over the copies, shortest first, in chunks of similar length, each cut to its last
         real position: a probe stratified over lengths then pays for each copy's own length, not the longest
-        example's (docs/faithfulness.md: 2.2x faster on a 6-layer encoder, 10-60 word pieces)."""
+        example's (docs/faithfulness.md: 2.2x faster on a 6-layer encoder, 10-60 word pieces). A model whose
+        tokens keep their positions in a shorter sequence (``keeps_positions``: BERT, RoBERTa, DistilBERT,
+        ELECTRA) runs each copy as its kept tokens only (``kept_logits``), so the length is the kept count."""
         if masks.shape[0] == 0:
             return masks.new_zeros(0, 0, dtype=torch.float32)
-        ends = masks.shape[1] - masks.flip(1).int().argmax(1)  # one past each copy's last real position
+        compact = getattr(self.model, "keeps_positions", False)
+        # each copy's cost: its kept tokens, or one past its last real position
+        ends = masks.sum(1) if compact else masks.shape[1] - masks.flip(1).int().argmax(1)
         order = ends.argsort(stable=True)
         out, i = [], 0
         while i < len(order):
@@ -102,9 +106,13 @@ class _MaskedCopies:
                     (j - i + 1) * int(ends[order[j]]) <= _CHUNK_TOKENS:
                 j += 1
             rows, t = order[i:j], int(ends[order[j - 1]])  # sorted: the chunk's last copy is its longest
-            out.append(self.model(self.input_ids[example[rows], :t], masks[rows, :t]).logits.float().softmax(-1))
+            ids = self.input_ids[example[rows]]
+            logits = (self.model.kept_logits(ids, masks[rows]) if compact
+                      else self.model(ids[:, :t], masks[rows, :t]).logits)
+            out.append(logits.float().softmax(-1))
             i = j
         return torch.cat(out)[order.argsort()]  # back from length order to the copies' order
+
 
 def _masked_probs(model, input_ids: Tensor, example: Tensor, masks: Tensor) -> Tensor:
     """One set of masked copies (:class:`_MaskedCopies`): (S,) and (S, T) -> (S, C) class probabilities."""

@@ -20,7 +20,8 @@ from ._common import _order, _pinned, _scorable
 from .readout import _MaskedCopies
 
 AOPC_BINS = (1, 5, 10, 20, 50)  # percent of the real tokens (ERASER, DeYoung et al. 2020)
-_FIRST_WINDOW = 4  # removals scanned in the first window; each next window is half the scanned prefix
+_FIRST_WINDOW = 4  # removals scanned in the first window, and at least in each next one
+_WINDOW_SHARE = 4  # each next window: a quarter of the scanned prefix (scanning past the flip costs at most that)
 
 
 def _erasure_metrics(model, ids: Tensor, mask: Tensor, scores: dict[str, Tensor], pred: Tensor, prob: Tensor
@@ -74,7 +75,7 @@ def _erasure_metrics(model, ids: Tensor, mask: Tensor, scores: dict[str, Tensor]
             break
         ea, ba = active.nonzero(as_tuple=True)
         lo = done[ea, ba]
-        hi = torch.minimum(n[ba], lo + torch.clamp(lo // 2, min=_FIRST_WINDOW))
+        hi = torch.minimum(n[ba], lo + torch.clamp(lo // _WINDOW_SHARE, min=_FIRST_WINDOW))
         width = int((hi - lo).max())
         s = lo[:, None] + torch.arange(1, width + 1, device=dev)  # (A, width)
         todo = (s <= hi[:, None]) & p[ea[:, None], ba[:, None], K + s.clamp(max=T) - 1].isnan()

@@ -58,7 +58,8 @@ def _weak_directions(T: Tensor) -> tuple[Tensor, Tensor]:
     n, d = T.shape[-2:]
     H = _ones_complement(n, T.dtype)
     M = H.T @ T  # [..., n - 1, d]
-    W, s, _ = torch.linalg.svd(M, full_matrices=True)  # W [..., n-1, n-1], s [..., min(n-1, d)]
+    # W must be square to span 1^perp; the reduced SVD already is when n - 1 <= d and skips the (d x d) right factor
+    W, s, _ = torch.linalg.svd(M, full_matrices=n - 1 > d)  # W [..., n-1, n-1], s [..., min(n-1, d)]
     pad = (n - 1) - s.shape[-1]
     if pad > 0:
         s = torch.cat([s, s.new_zeros(*s.shape[:-1], pad)], dim=-1)

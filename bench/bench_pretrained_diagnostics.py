@@ -1,7 +1,7 @@
 """Cost of the per-epoch and end-of-fit diagnostics of a pretrained encoder against one training epoch (issue 39).
 
-A random BERT with all-MiniLM-L6-v2's sizes (6 layers, hidden 384, 12 heads, intermediate 1536) as the
-pretrained classifier, measured side by side in one process:
+A random BERT with all-MiniLM-L6-v2's sizes (6 layers, hidden 384, 12 heads, intermediate 1536) and its mean pooling
+(``--pooling``) as the pretrained classifier, measured side by side in one process:
   * a training epoch: ``--examples`` examples (8,530: rt_offline's train split), batch 64, lengths drawn from a
     clipped log-normal (median ``--median-length`` word pieces, at most ``--max-length``), forward + backward +
     AdamW; ``--steps`` batches are timed and the epoch extrapolated from their mean (say so when quoting it);
@@ -47,7 +47,7 @@ from identifiable_transformers.diagnostics.maths.key_aware_heads import key_awar
 VOCAB = 30_522  # BERT's uncased vocabulary: the embedding's share of the optimizer step is real
 
 
-def _model():
+def _model(pooling: str):
     from transformers import AutoModel, BertConfig
 
     from identifiable_transformers.hf.adapters import ATTENTION, BERT, register_attention
@@ -57,7 +57,7 @@ def _model():
     torch.manual_seed(0)
     config = BertConfig(vocab_size=VOCAB, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
                         intermediate_size=1536, max_position_embeddings=512)
-    return PretrainedClassifier(AutoModel.from_config(config, attn_implementation=ATTENTION), BERT, 2)
+    return PretrainedClassifier(AutoModel.from_config(config, attn_implementation=ATTENTION), BERT, 2, pooling=pooling)
 
 
 def _batch(lengths, rng):
@@ -79,6 +79,8 @@ def main() -> None:
     p.add_argument("--adv-examples", type=int, default=2)
     p.add_argument("--adv-steps", type=int, default=100)
     p.add_argument("--adv-restarts", type=int, default=1)
+    p.add_argument("--pooling", default="mean", choices=["mean", "cls"],
+                   help="all-MiniLM-L6-v2 declares mean pooling; with cls the last-layer searches run on one token")
     p.add_argument("--head-std", type=float, default=1.0, help="the head's weights' standard deviation")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true")
@@ -88,7 +90,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     rng = np.random.default_rng(0)
     lengths = np.clip(np.round(rng.lognormal(np.log(a.median_length), 0.45, a.examples)), 5, a.max_length).astype(int)
-    model = _model()
+    model = _model(a.pooling)
     torch.manual_seed(1)
     model.head.weight.data.normal_(0.0, a.head_std)
 
@@ -124,7 +126,8 @@ def main() -> None:
     with _Clock() as adv:
         adversarial_attention(model, ids[sel], mask[sel], steps=a.adv_steps, restarts=a.adv_restarts)
 
-    print(f"MiniLM-shaped random encoder, {a.threads} threads; lengths median {np.median(lengths):.0f}, "
+    print(f"MiniLM-shaped random encoder, {a.pooling} pooling, {a.threads} threads; "
+          f"lengths median {np.median(lengths):.0f}, "
           f"max {a.max_length}; probe {len(idx)} (lengths {sorted(lengths[idx].tolist())})")
     print(f"{'':34} {'wall s':>8} {'cpu s':>8} {'of epoch (cpu)':>15}")
     rows = [("training epoch (extrapolated)", epoch), ("  one training step", steps[-1])]

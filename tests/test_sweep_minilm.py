@@ -10,6 +10,9 @@ def test_minilm_preset_is_the_pretrained_classifier_on_two_tasks_and_three_seeds
     assert cfg.data.max_length == cfg.model.max_len == 64 and cfg.trainer.max_epochs == 2
     assert cfg.model.lr == 5e-5
     assert cfg.callbacks.identifiability.key_aware_every_n_epochs is None and cfg.callbacks.faithfulness.final
+    f = cfg.callbacks.faithfulness  # model=pretrained's end-of-fit search and random control, as the study ran them
+    assert (f.adversarial_examples, f.adversarial_steps, f.adversarial_restarts, f.random_draws) == (2, 100, 1, 3)
+    assert cfg.callbacks.identifiability.probe_size == 16
     assert "csv" in str(cfg.logger)
     jobs = sweep_jobs(cfg)
     assert [(j["data"], j["seed"]) for j in jobs] == [(d, s) for d in ("rt_offline", "synthetic_contrast")

@@ -161,8 +161,7 @@ class PretrainedClassifier(nn.Module):
         diagnostics/faithfulness/readout.py). Only where :attr:`keeps_positions` (absolute positions)."""
         if not self.keeps_positions:
             raise ValueError(f"{self.family.name} models do not take absolute position ids: run forward(ids, keep)")
-        S, T = input_ids.shape
-        positions = self.family.positions(self.encoder.config, T, input_ids.device)  # (T,)
+        positions = self.family.positions(self.encoder.config, input_ids.shape[1], input_ids.device)  # (T,)
         types = self.token_types(input_ids, torch.ones_like(keep))  # from the whole row: dropped tokens count
         n = keep.sum(1)
         idx = keep.to(torch.int8).argsort(dim=1, descending=True, stable=True)[:, : int(n.max())]  # kept ones, in order

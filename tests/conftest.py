@@ -1,6 +1,7 @@
 """Compose the real Hydra configs for tests: CPU, tiny runs, outputs in tmp_path, no network."""
 
 import os
+import signal
 import stat
 import sys
 from pathlib import Path
@@ -16,6 +17,10 @@ sys.path.insert(0, str(ROOT / "tests"))  # cli_runner.py: CLI runs forked from a
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 os.environ.setdefault("WANDB_MODE", "disabled")  # tests that need W&B set it themselves
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    # A run started in the background by a non-interactive shell (`pytest &`, some CI runners) inherits Ctrl-C
+    # ignored, and so would every run the tests start, which then rightly ignore it: the interrupt tests send Ctrl-C.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Each of the -n workers gets its share of the cores (and so do the runs its tests start as subprocesses):
     # two workers of two threads each on two cores only wait for each other.

@@ -77,11 +77,20 @@ def _order(scores: Tensor, mask: Tensor, pinned: Tensor | None = None) -> Tensor
     return torch.sort(s, dim=1, descending=True, stable=True).indices
 
 
+def _ranks(order: Tensor) -> Tensor:
+    """(B, T) order (positions, first to last) -> (B, T): each position's place in it."""
+    rank = torch.empty_like(order)
+    return rank.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
+
+
 def _top_masks(order: Tensor, counts: Tensor, T: int) -> Tensor:
     """(B, T) order, (B, K) counts -> (B, K, T) bool: True at the first ``counts`` positions of the order."""
-    rank = torch.empty_like(order)
-    rank.scatter_(1, order, torch.arange(T, device=order.device).expand_as(order))  # rank of each position
-    return rank[:, None, :] < counts[:, :, None]
+    return _ranks(order)[:, None, :] < counts[:, :, None]
+
+
+def _value_vectors(internals) -> Tensor:
+    """(B, H, T, d): f_h(x_j) = (x_j W_v^h + b_v^h) W_o^h, what head h moves from token j."""
+    return torch.einsum("bhtv,hvd->bhtd", internals.values, internals.out_proj)
 
 
 def _nanmean(x: Tensor) -> float:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._common import _eval_with_grad, _inputs, _pooled_rows
+from ._common import _eval_with_grad, _inputs, _pooled_rows, _value_vectors
 
 CONTEXT_MIXING = ("value_zeroing", "alti", "norm_resln")
 _PER_LAYER = re.compile(rf"^({'|'.join(CONTEXT_MIXING)})_layer(\d+)$")
@@ -65,11 +65,6 @@ def _normalise_rows(m: Tensor, mask: Tensor) -> Tensor:
     keep = (mask[:, :, None] & mask[:, None, :]).to(m.dtype)
     m = m * keep
     return m / m.sum(-1, keepdim=True).clamp_min(torch.finfo(m.dtype).tiny)
-
-
-def _value_vectors(internals) -> Tensor:
-    """(B, H, T, d): f_h(x_j) = (x_j W_v^h + b_v^h) W_o^h, what head h moves from token j."""
-    return torch.einsum("bhtv,hvd->bhtd", internals.values, internals.out_proj)
 
 
 def _cosine_distance(y: Tensor, base: Tensor) -> Tensor:

@@ -16,7 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._common import _order, _pinned, _scorable
+from ._common import _order, _pinned, _ranks, _scorable
 from .readout import _MaskedCopies
 
 AOPC_BINS = (1, 5, 10, 20, 50)  # percent of the real tokens (ERASER, DeYoung et al. 2020)
@@ -38,9 +38,7 @@ def _erasure_metrics(model, ids: Tensor, mask: Tensor, scores: dict[str, Tensor]
     counts = ((bins[None, :] * n[:, None] + 99) // 100).clamp_min(1)  # ceil(k n), at least one, exact integers
     counts = torch.minimum(counts, n[:, None])  # (B, K)
     # rank[e, b, t]: place of token t in explainer e's order (scorable tokens first, by decreasing score)
-    rank = torch.empty(E, B, T, dtype=torch.long, device=dev)
-    for e, name in enumerate(names):
-        rank[e].scatter_(1, _order(scores[name], mask, pinned), torch.arange(T, device=dev).expand(B, -1))
+    rank = torch.stack([_ranks(_order(scores[name], mask, pinned)) for name in names])
     keep_only = mask & ~scorable  # <cls> and the pinned tokens: never removed
     copies = _MaskedCopies(model, ids)  # built once: the one-layer shortcut's projections serve every copy
     # p[e, b, j] = probability of the predicted class: j < K keeps the top counts[b, j] tokens only (sufficiency),

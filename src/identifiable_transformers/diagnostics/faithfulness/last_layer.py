@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._common import _value_vectors
+
 # Elements of the gathered per-copy value vectors (copies x keys x d) held at once: 16 MB of float32.
 _CHUNK_ELEMENTS = 1 << 22
 
@@ -31,7 +33,7 @@ class LastLayerReadout:
             block = model.encoder_blocks(input_ids, mask)[-1]
             self.x, self.a = block.x, block.attention_output()  # (B, T, d) each
             self.A = block.internals.attention.to(self.a.dtype)  # (B, H, T, T)
-            f = torch.einsum("bhtv,hvd->bhtd", block.internals.values, block.internals.out_proj)  # (B, H, T, d)
+            f = _value_vectors(block.internals)  # (B, H, T, d)
         self.f = f.reshape(-1, *f.shape[2:])  # (B H, T, d): row b H + h
         self.model, self.finish, self.mask, self.heads = model, block.finish, mask, f.shape[1]
         self.rows = 1 if model.pooling == "cls" else mask.shape[1]  # the query rows that reach the classifier

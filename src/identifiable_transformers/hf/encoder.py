@@ -181,15 +181,18 @@ class PretrainedClassifier(nn.Module):
             weights = tuple(self._state.weights) if output_attentions else None
         finally:
             self._state.weights = None
-        return ClassifierOutput(logits=self.head(self.dropout(pool(x, mask, self.pooling))), attentions=weights,
-                                hidden_states=x)
+        return ClassifierOutput(logits=self._classify(x, mask), attentions=weights, hidden_states=x)
+
+    def _classify(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The head on the pooled last hidden state (after any final norm)."""
+        return self.head(self.dropout(pool(hidden, mask, self.pooling)))
 
     def logits_from_last_layer(self, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Logits from the last layer's output y (B, T', d) and its mask (B, T'): the family's final norm (ModernBERT's;
         none for the others), pooling and the head, as ``forward`` does after the layers. With cls pooling T' may
         be 1 (only the first token is read)."""
         norm = self.family.final_norm(self.encoder)
-        return self.head(self.dropout(pool(y if norm is None else norm(y), mask, self.pooling)))
+        return self._classify(y if norm is None else norm(y), mask)
 
     def attention_internals(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
                             ) -> list[AttentionInternals]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import string
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -69,3 +71,14 @@ def save_tiny_bert(folder: Path, family: str = "bert", seed: int = 0, vocab_seed
     model.save_pretrained(folder)
     BertTokenizer(vocab=vocab).save_pretrained(folder)
     return folder
+
+
+@contextmanager
+def forward_hooks(modules: Sequence[torch.nn.Module], hook_for: Callable[[int], Callable]) -> Iterator[None]:
+    """``hook_for(i)`` as a forward hook on ``modules[i]`` while inside, all removed on leaving."""
+    handles = [mod.register_forward_hook(hook_for(i)) for i, mod in enumerate(modules)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import forward_hooks, tiny_config
 from torch import nn
 
 from identifiable_transformers.diagnostics import alti, norm_resln, value_zeroing
@@ -60,14 +60,12 @@ def _batch(pad: int):
 def _layer_outputs(m, ids, mask) -> list[torch.Tensor]:
     """Each Hugging Face layer's own output (B, T, d), by forward hooks during one pass of the model."""
     outs = []
-    handles = [layer.register_forward_hook(lambda _m, _a, o: outs.append(o[0] if isinstance(o, tuple) else o))
-               for layer in m.family.layers(m.encoder)]
-    try:
-        with torch.no_grad():
-            m(ids, mask)
-    finally:
-        for h in handles:
-            h.remove()
+
+    def record(_i):
+        return lambda _m, _a, o: outs.append(o[0] if isinstance(o, tuple) else o)
+
+    with forward_hooks(m.family.layers(m.encoder), record), torch.no_grad():
+        m(ids, mask)
     return outs
 
 
@@ -187,13 +185,8 @@ def test_token_decomposition_sums_to_the_hugging_face_residual(family, config_kw
         return hook
 
     after = [_attention_parts(family, layer)[4] or layer.mlp_norm for layer in layers]
-    handles = [mod.register_forward_hook(grab(i)) for i, mod in enumerate(after)]
-    try:
-        with torch.no_grad():
-            blocks = m.encoder_blocks(ids, mask)
-    finally:
-        for h in handles:
-            h.remove()
+    with forward_hooks(after, grab), torch.no_grad():
+        blocks = m.encoder_blocks(ids, mask)
     for i, (blk, ln) in enumerate(zip(blocks, after)):
         z, normed = seen[i]
         b_o = _attention_parts(family, layers[i])[3].bias

@@ -14,7 +14,7 @@ import json
 import hydra
 import pytest
 import torch
-from helpers import WORDS, save_tiny_bert, tiny_config
+from helpers import WORDS, forward_hooks, save_tiny_bert, tiny_config
 
 from identifiable_transformers.hf.adapters import ATTENTION, family_for, register_attention
 from identifiable_transformers.hf.encoder import PretrainedClassifier
@@ -45,15 +45,10 @@ def test_the_heads_outputs_sum_to_the_output_projection_without_its_bias(family,
     model = _classifier(family, heads)
     ids, mask = _batch(model, [11, 6])
     seen = {}
-    hooks = [model.family.output(layer).register_forward_hook(
-        lambda mod, inputs, output, i=i: seen.__setitem__(i, output - mod.bias))
-        for i, layer in enumerate(model.family.layers(model.encoder))]
-    try:
-        with torch.no_grad():
-            internals = model.attention_internals(ids, mask)
-    finally:
-        for h in hooks:
-            h.remove()
+    outputs = [model.family.output(layer) for layer in model.family.layers(model.encoder)]
+    with forward_hooks(outputs, lambda i: lambda mod, inputs, output: seen.__setitem__(i, output - mod.bias)), \
+            torch.no_grad():
+        internals = model.attention_internals(ids, mask)
     assert len(internals) == len(seen) == 2
     for i, inner in enumerate(internals):
         assert inner.head_output.shape[1] == heads

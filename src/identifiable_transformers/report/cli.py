@@ -8,6 +8,7 @@ a run the report skips is a ``warning: ...`` line, and the others go on.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import warnings
@@ -20,7 +21,7 @@ from .equivalence import equivalence_table
 from .explainer_agreement import explainer_agreement
 from .factorial import is_factorial
 from .factorial_markdown import write_factorial
-from .faithfulness import faithfulness_table, seed_agreement
+from .faithfulness import faithfulness_table, load_explanations, seed_agreement
 from .key_aware import KEY_AWARE_LENGTHS, default_cache_dir, ensure_key_aware, key_aware_lengths, key_aware_table
 from .lengths import length_table
 from .markdown import markdown_table
@@ -102,13 +103,14 @@ def _report(args: argparse.Namespace) -> None:
         else:
             written += write_design_comparison(runs, out)  # pooled over key sizes, and per key size where both ran
         explained = runs[usable(runs, "explanations.json")]  # each damaged file warned about once
-        agreement, notes = seed_agreement(explained)
+        load = functools.cache(load_explanations)  # read once, for the seed and the explainer agreement
+        agreement, notes = seed_agreement(explained, load)
         written += [out / "faithfulness.md", out / "faithfulness.csv"]
         if agreement is not None:
             atomic_write(out / "seed_agreement.csv", agreement.to_csv(index=False))
             atomic_write(out / "seed_agreement.md", markdown_table(agreement, GROUP + ["explainer"]))
             written += [out / "seed_agreement.md", out / "seed_agreement.csv"]
-        closeness = explainer_agreement(explained)
+        closeness = explainer_agreement(explained, load)
         if closeness is not None:  # how close attention comes to value zeroing and ALTI
             atomic_write(out / "explainer_agreement.csv", closeness.to_csv(index=False))
             atomic_write(out / "explainer_agreement.md", markdown_table(closeness, GROUP + ["pair"]))

@@ -5,6 +5,7 @@ how close attention comes to them (issue 40)? Read from each run's ``identifiabi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -28,11 +29,13 @@ def run_agreement(expl: dict, a: str, b: str) -> float:
     return float(np.mean(taus)) if taus else float("nan")
 
 
-def explainer_agreement(runs: pd.DataFrame) -> pd.DataFrame | None:
-    """One row per configuration (``GROUP``) and pair: ``tau_mean``, ``tau_std`` over its runs, and ``runs``."""
+def explainer_agreement(runs: pd.DataFrame, load: Callable[[Path], dict | None] = load_explanations
+                        ) -> pd.DataFrame | None:
+    """One row per configuration (``GROUP``) and pair: ``tau_mean``, ``tau_std`` over its runs, and ``runs``.
+    ``load`` reads a run's explanations."""
     rows = []
     for keys, g in runs.groupby(GROUP):
-        loaded = [x for x in (load_explanations(Path(d)) for d in g["_dir"]) if x is not None]
+        loaded = [x for x in (load(Path(d)) for d in g["_dir"]) if x is not None]
         for a, b in PAIRS:
             taus = [t for t in (run_agreement(x, a, b) for x in loaded) if not np.isnan(t)]
             if taus:

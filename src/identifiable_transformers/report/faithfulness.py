@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -91,20 +92,21 @@ def _distributions(expl: dict, explainer: str) -> dict[int, np.ndarray]:
     return out
 
 
-def seed_agreement(runs: pd.DataFrame) -> tuple[pd.DataFrame | None, list[str]]:
+def seed_agreement(runs: pd.DataFrame, load: Callable[[Path], dict | None] = load_explanations
+                   ) -> tuple[pd.DataFrame | None, list[str]]:
     """Per configuration (all equal but the seed) and explainer: mean JSD between the seeds' explanations.
 
     Examples are matched by probe index; the JSD is averaged over the examples two runs share, then over
     the pairs of runs. ``jsd_uniform`` is the mean JSD of each run's explanation to the uniform distribution
     over the same tokens: agreement means little when both explanations are nearly uniform. ``tau_seeds``
     is the Kendall tau-b between the seeds' scores (mean over examples, then pairs): do they rank alike?
-    Returns the table and notes about runs that were left out.
+    Returns the table and notes about runs that were left out. ``load`` reads a run's explanations.
     """
     notes, rows = [], []
     for keys, g in runs.groupby(GROUP):
         loaded = []
         for _, r in g.iterrows():
-            expl = load_explanations(Path(r["_dir"]))
+            expl = load(Path(r["_dir"]))
             if expl is None:
                 notes.append(f"{r['run']}: no identifiability/explanations.json (seed agreement without it)")
             else:

@@ -1,8 +1,9 @@
-"""The MiniLM study preset (issue 39) composes to what multirun_sweeps/sweep/minilm.yaml's header says: the pretrained
-classifier with the checkpoint's pooling, 64 word pieces, 2 epochs, the key-aware count at the end of fit, and
-6 jobs (rt_offline and synthetic_contrast x seeds 1-3), each task's seeds together. Expected values written out."""
+"""The MiniLM study presets (issue 39) compose to what multirun_sweeps/sweep/minilm.yaml's and minilm_contrast.yaml's
+headers say: the pretrained classifier with the checkpoint's pooling, 64 word pieces, 2 epochs, the key-aware count
+at the end of fit, 3 seeds each; the contrast arm on sentences that fit 64 word pieces. Expected values written out."""
 
-def test_minilm_preset_is_the_pretrained_classifier_on_two_tasks_and_three_seeds(make_cfg, sweep_jobs):
+
+def test_minilm_preset_is_the_pretrained_classifier_on_rotten_tomatoes_and_three_seeds(make_cfg, sweep_jobs):
     cfg = make_cfg("+sweep=minilm", "model.name_or_path=some/folder", fast=False)
     assert cfg.model._target_ == "identifiable_transformers.hf.module.PretrainedTextClassifier"
     assert cfg.data._target_ == "identifiable_transformers.hf.data.PretrainedTextDataModule"
@@ -14,6 +15,15 @@ def test_minilm_preset_is_the_pretrained_classifier_on_two_tasks_and_three_seeds
     assert (f.adversarial_examples, f.adversarial_steps, f.adversarial_restarts, f.random_draws) == (2, 100, 1, 3)
     assert cfg.callbacks.identifiability.probe_size == 16
     assert "csv" in str(cfg.logger)
-    jobs = sweep_jobs(cfg)
-    assert [(j["data"], j["seed"]) for j in jobs] == [(d, s) for d in ("rt_offline", "synthetic_contrast")
-                                                      for s in ("1", "2", "3")]
+    assert [(j["data"], j["seed"]) for j in sweep_jobs(cfg)] == [("rt_offline", s) for s in ("1", "2", "3")]
+
+
+def test_minilm_contrast_preset_is_the_same_study_on_sentences_of_16_to_20_words(make_cfg, sweep_jobs):
+    cfg = make_cfg("+sweep=minilm_contrast", "model.name_or_path=some/folder", "data=synthetic_contrast", fast=False)
+    base = make_cfg("+sweep=minilm", "model.name_or_path=some/folder", "data=synthetic_contrast", fast=False)
+    assert cfg.model == base.model and cfg.trainer == base.trainer and cfg.callbacks == base.callbacks
+    assert (cfg.data.synthetic.min_length, cfg.data.synthetic.max_length) == (16, 20)
+    assert (base.data.synthetic.min_length, base.data.synthetic.max_length) == (24, 60)  # the task's own lengths
+    assert {k: v for k, v in cfg.data.synthetic.items() if "length" not in k} == {
+        k: v for k, v in base.data.synthetic.items() if "length" not in k}
+    assert [(j["data"], j["seed"]) for j in sweep_jobs(cfg)] == [("synthetic_contrast", s) for s in ("1", "2", "3")]

@@ -114,3 +114,20 @@ def test_rt_offline_first_evaluation_batches_hold_both_classes(cache_dir):
         assert len(labels) == 853 and np.bincount(labels).tolist() in ([427, 426], [426, 427])
         assert np.count_nonzero(np.diff(labels)) > 300  # a shuffled order switches class about every other row
         assert _first_batch_labels(loader) == {0, 1}
+
+
+def test_the_tokenizer_knows_the_words_of_the_training_rows_only(local_dm, make_rows, tmp_path):
+    """Validation and test carved from the training file (a view over its table) lend no word to the vocabulary:
+    each row carries a word of its own, and the vocabulary holds exactly the training rows' ones."""
+    rows = [{**r, "text": f"{r['text']} own{i}"} for i, r in enumerate(make_rows(40))]
+    dm = local_dm(rows, val_fraction=0.1, test_fraction=0.1, limit_train_examples=60)
+    dm.prepare_data()
+    dm.setup(None)
+
+    def own_words(ds):
+        return {dm.tokenizer.id_to_token(t) for ids in ds["input_ids"] for t in ids} & {f"own{i}" for i in range(120)}
+
+    train = own_words(dm.train_dataset)
+    assert len(train) == 60 and len(own_words(dm.val_dataset)) == len(own_words(dm.test_dataset)) == 0  # <unk> there
+    assert {w for w in dm.tokenizer.get_vocab() if w.startswith("own")} == train
+    assert len(dm.val_dataset) == len(dm.test_dataset) == 12

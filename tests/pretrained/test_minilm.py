@@ -121,3 +121,28 @@ def test_analyze_split_mode_on_pairs(model, request, tmp_path, cache_dir, run_an
     html = (tmp_path / "report" / "report.html").read_text()
     assert "Faithfulness per length bin" in html
     assert "[SEP] it was" in html  # the second field follows a [SEP]: a pair, not joined by " . "
+
+
+def test_synthetic_sentences_its_tokenizer_would_cut_are_refused_and_the_contrast_preset_fits(folder, make_cfg):
+    """MiniLM's WordPiece splits the synthetic words into 2-3 pieces: synthetic_contrast's own sentences (24-60 words)
+    would be cut at 64 word pieces, some with the keyword that decides the label, so the build is refused; at
+    minilm_contrast.yaml's 16-20 words every row keeps all its pieces, its closing [SEP] and its keyword."""
+    from hydra.utils import instantiate
+    from transformers import AutoTokenizer
+
+    small = ["model=pretrained", f"model.name_or_path={folder}", "data=synthetic_contrast", "data.synthetic.size=300"]
+    dm = instantiate(make_cfg(*small, out="cut", fast=False).data)
+    with pytest.raises(ValueError, match=r"synthetic: \d+ of 300 sentences are longer than data.max_length=64 word "
+                                         r"pieces .* Pass data.max_length>=1\d\d, or shorter sentences"):
+        dm.prepare_data()
+    dm = instantiate(make_cfg(*small, "+sweep=minilm_contrast", out="fits", fast=False).data)
+    dm.prepare_data()
+    dm.setup("fit")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    rows = [r for d in (dm.train_dataset, dm.val_dataset) for r in d]
+    assert len(rows) == 270  # 300 less the 10% test split
+    for r in rows:
+        ids = r["input_ids"]
+        assert 34 <= len(ids) <= 64 and ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id
+        k, digit = tokenizer.convert_ids_to_tokens([ids[i] for i in r["rationale"]])  # the first keyword's pieces
+        assert r["rationale"][1] == r["rationale"][0] + 1 and k == "k" and digit in ("##0", "##1", "##2", "##3")

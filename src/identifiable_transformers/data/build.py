@@ -142,6 +142,11 @@ class CacheBuilder:
 
         return train_tokenizer(batches(), self.vocab_size_cap, self.min_frequency, length=len(train_text))
 
+    def _check_fits_tokenized(self, parts: dict[str, Any]) -> None:
+        """Refuse synthetic sentences that the tokenizer would cut at ``max_length``. The project's tokenizer reads
+        each synthetic word as one token, which ``SyntheticSpec.check_fits`` checked before any data was read; a
+        pretrained tokenizer, which splits words into pieces, checks it here (``PretrainedTextDataModule``)."""
+
     def _build(self, out: Path) -> None:
         """Build into ``out`` (a temporary folder that the caller renames, or removes on any failure). Ctrl-C and a
         full disk end with one line: :class:`~..cli.Interrupted` (exit status 130) or
@@ -254,7 +259,10 @@ class CacheBuilder:
         t3 = time.perf_counter()
         self.timings["split"] = t3 - t2
 
-        tok = self._make_tokenizer(parts["train"].data.column("text"))
+        # the rows of the training split only: a carved or limited split is a view (an indices mapping) over the
+        # whole table, whose .data would also hold the validation and test rows
+        tok = self._make_tokenizer(parts["train"].with_format("arrow")["text"])
+        self._check_fits_tokenized(parts)
         t4 = time.perf_counter()
         self.timings["train_tokenizer"] = t4 - t3
 

@@ -127,6 +127,24 @@ class PretrainedTextDataModule(TextDataModule):
         tok = Tokenizer.from_str(self._backend_json)
         return PairEncoder(tok) if self.pairs else tok
 
+    def _check_fits_tokenized(self, parts: dict[str, Any]) -> None:
+        """Synthetic data: every sentence must fit ``max_length`` word pieces. The task's words split into pieces
+        (``w191``: ``w ##19 ##1``), and a cut row would keep its label without the keywords that decide it."""
+        if self.synthetic is None:
+            return
+        full = Tokenizer.from_str(self._backend_json)
+        full.no_truncation()
+        tok = PairEncoder(full) if self.pairs else full
+        lengths = [len(e.ids) for ds in parts.values() for e in tok.encode_batch(ds["text"])]
+        over = sum(n > self.max_length for n in lengths)
+        if over:
+            raise ValueError(
+                f"synthetic: {over} of {len(lengths)} sentences are longer than data.max_length={self.max_length} "
+                f"word pieces with the tokenizer of {self.pretrained_tokenizer} (the longest: {max(lengths)}; it "
+                f"splits the task's words into pieces): the cut would drop the keywords that decide the label on "
+                f"some rows. Pass data.max_length>={max(lengths)}, or shorter sentences (data.synthetic.min_length, "
+                f"data.synthetic.max_length, in words).")
+
     def _read_tokenizer(self, path: Path) -> Tokenizer:
         return Tokenizer.from_file(str(path))
 

@@ -22,6 +22,7 @@ from identifiable_transformers.hf.blocks import context_mixing_unsupported
 from identifiable_transformers.hf.encoder import PretrainedClassifier
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diagnostics"))
+from test_adversarial import _readout_against_override  # noqa: E402
 from test_context_mixing import _vz_reference, alti_loops  # noqa: E402
 
 FAMILIES = ["bert", "roberta", "distilbert", "electra", "deberta-v2", "modernbert"]
@@ -239,11 +240,36 @@ def test_deberta_with_a_convolution_and_unknown_families_are_refused():
         alti(m, ids, mask)
 
 
+@pytest.mark.parametrize("family,pooling", [(f, "cls") for f in FAMILIES] + [("modernbert", "mean")])
+def test_adversarial_last_layer_readout_runs_a_checkpoints_own_head(family, pooling):
+    """A *ForSequenceClassification analysed as it is (CheckpointClassifier): the readout's logits, through the
+    checkpoint's own head (BERT's pooler, RoBERTa's and ELECTRA's heads, DistilBERT's pre-classifier, DeBERTa's
+    context pooler, ModernBERT's head on its cls or mean pooling), against the whole task model with the rows
+    overridden."""
+    from transformers import AutoModelForSequenceClassification
+
+    from identifiable_transformers.hf.sequence_classifier import CheckpointClassifier
+
+    register_attention()
+    torch.manual_seed(0)
+    config = tiny_config(family, VOCAB, heads=4, layers=2, positions=40)
+    config.num_labels = 3
+    if family == "modernbert":
+        config.classifier_pooling = pooling
+    task = AutoModelForSequenceClassification.from_config(config, attn_implementation=ATTENTION)
+    with torch.no_grad():  # biases away from 0, so that a head that dropped one would show
+        for name, p in task.named_parameters():
+            if name.endswith("bias"):
+                p.add_(0.3 * torch.randn_like(p))
+    m = CheckpointClassifier(task, family_for(config), pad_id=1 if family == "roberta" else 0).eval()
+    assert m.pooling == pooling
+    ids, mask = _batch(m.pad_id)
+    _readout_against_override(m, ids, mask)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_adversarial_last_layer_readout_matches_the_overridden_forward(family, pooling):
-    from test_adversarial import _readout_against_override
-
     m = _model(family)
     m.pooling = pooling
     ids, mask = _batch(m.pad_id)

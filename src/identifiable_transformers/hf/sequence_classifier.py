@@ -21,11 +21,23 @@ import logging
 import torch
 from torch import nn
 
-from ..models.classifier import POOLINGS, ClassifierOutput
+from ..models.classifier import POOLINGS, ClassifierOutput, pool
 from .adapters import ATTENTION, Family, family_for, register_attention
 from .encoder import PretrainedClassifier
 
 log = logging.getLogger(__name__)
+
+# Each family's task head, from the encoder's last hidden state y (B, T', d; after any final norm) and its mask to the
+# logits, as its *ForSequenceClassification.forward computes them (dropout is the identity in eval mode). Every head
+# but ModernBERT's mean pooling reads the first token alone, so T' may be 1. Tests: each against the whole model.
+_TASK_HEADS = {  # task model t, last hidden state y, its mask, the head's pooling
+    "bert": lambda t, y, mask, pooling: t.classifier(t.dropout(t.base_model.pooler(y))),
+    "roberta": lambda t, y, mask, pooling: t.classifier(y),  # RobertaClassificationHead reads y[:, 0]
+    "electra": lambda t, y, mask, pooling: t.classifier(y),  # ElectraClassificationHead too
+    "distilbert": lambda t, y, mask, pooling: t.classifier(t.dropout(torch.relu(t.pre_classifier(y[:, 0])))),
+    "deberta-v2": lambda t, y, mask, pooling: t.classifier(t.dropout(t.pooler(y))),  # ContextPooler reads y[:, 0]
+    "modernbert": lambda t, y, mask, pooling: t.classifier(t.drop(t.head(pool(y, mask, pooling)))),
+}
 
 
 class CheckpointClassifier(PretrainedClassifier):
@@ -33,10 +45,6 @@ class CheckpointClassifier(PretrainedClassifier):
     read like :class:`PretrainedClassifier`; its own head (pooler, dropout, classifier) turns the last hidden state
     into logits. ``pooling`` says which query row that head reads (the first token for BERT, RoBERTa, DistilBERT,
     ELECTRA and DeBERTa heads; ``config.classifier_pooling`` where the family has one)."""
-
-    # Each family's task head reads the base model's outputs its own way (BERT's pooler sits inside the encoder): no
-    # shortcut from the last layer's output, so the adversarial search runs whole forward passes.
-    logits_from_last_layer = None
 
     def __init__(self, task: nn.Module, family: Family, pad_id: int | None = None, max_len: int | None = None):
         nn.Module.__init__(self)
@@ -58,6 +66,17 @@ class CheckpointClassifier(PretrainedClassifier):
     @property
     def num_classes(self) -> int:
         return int(self.task.config.num_labels)
+
+    @property
+    def logits_from_last_layer(self):
+        """``f(y, mask) -> logits`` from the last layer's output (the family's final norm, then the checkpoint's own
+        head: ``_TASK_HEADS``), what the adversarial search runs per candidate instead of the whole model; None for
+        a family whose head is not known here (the search then runs whole forward passes)."""
+        head = _TASK_HEADS.get(self.family.name)
+        if head is None:
+            return None
+        norm = self.family.final_norm(self.encoder)
+        return lambda y, mask: head(self.task, y if norm is None else norm(y), mask, self.pooling)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 output_attentions: bool = False, *, placed: dict | None = None) -> ClassifierOutput:

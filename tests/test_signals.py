@@ -130,3 +130,54 @@ def test_sigterm_outside_lightnings_loops_raises_at_once_and_the_handler_is_put_
             for _ in range(1000):  # the handler runs between bytecodes of the main thread
                 pass
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("from_thread", [False, True])
+def test_a_process_forked_while_the_handler_is_installed_takes_sigterms_default_action(from_thread):
+    """A child forked from another thread (a datasets.map pool refilling itself) never runs Python signal handlers:
+    with the inherited handler, SIGTERM left it alive inside a lock wait and its parent hung joining it. The kernel's
+    view of the child (/proc/PID/status, SigCgt: the signals it catches) must show SIGTERM at its default action,
+    and SIGTERM must end the child while it waits on a lock that is never released."""
+    import signal
+    import threading
+
+    ready_r, ready_w = os.pipe()
+
+    def child_waits_forever():
+        os.write(ready_w, b"1")  # past os.fork's after-fork hooks
+        lock = threading.Lock()
+        lock.acquire()
+        lock.acquire()  # never returns: only a signal's default action ends this process
+
+    pids = []
+
+    def fork():
+        pid = os.fork()
+        if pid == 0:
+            child_waits_forever()
+        pids.append(pid)
+
+    with sigterm_stops_the_run():
+        if from_thread:
+            t = threading.Thread(target=fork)
+            t.start()
+            t.join()
+        else:
+            fork()
+    (pid,) = pids
+    try:
+        assert os.read(ready_r, 1) == b"1"
+        caught = int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                          if line.startswith("SigCgt:")).split()[1], 16)
+        assert not caught & (1 << (signal.SIGTERM - 1))  # not caught: the default action
+        os.kill(pid, signal.SIGTERM)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(ready_r)
+        os.close(ready_w)

@@ -13,6 +13,7 @@ would end them without it.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shlex
 import signal
@@ -41,6 +42,26 @@ def _on_sigterm(signum: int, frame) -> None:
     if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
         return  # called by Lightning's handler: its loops stop after the current batch (SIGTERMException)
     raise Terminated(signum)
+
+
+def _child_takes_the_default() -> None:
+    """In a process just forked while the handler is installed: SIGTERM's default action again, at the C level.
+    The inherited handler would end the child too, but only once the child's main thread runs Python code. A child
+    forked from another thread (a ``datasets.map`` pool refilling itself after SIGTERM killed its workers) has no
+    such thread: its signal handlers never run, so the pool's SIGTERM could not end it while it waited for the task
+    queue's lock, and the parent, joining it, hung (tests/test_interrupt_cache.py, 3 of 6 runs under load)."""
+    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+        return
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:  # forked from a thread other than the main one: Python refuses, so ask the C library
+        _libc_signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+if hasattr(os, "register_at_fork"):  # POSIX: where processes fork
+    _libc_signal = ctypes.CDLL(None).signal
+    _libc_signal.argtypes, _libc_signal.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
+    os.register_at_fork(after_in_child=_child_takes_the_default)
 
 
 def received_sigterm() -> bool:

@@ -132,9 +132,8 @@ class PretrainedTextDataModule(TextDataModule):
         (``w191``: ``w ##19 ##1``), and a cut row would keep its label without the keywords that decide it."""
         if self.synthetic is None:
             return
-        full = Tokenizer.from_str(self._backend_json)
-        full.no_truncation()
-        tok = PairEncoder(full) if self.pairs else full
+        tok = self._make_tokenizer(None)  # a fresh copy: the one the build encodes with keeps its truncation
+        tok.no_truncation()
         lengths = [len(e.ids) for ds in parts.values() for e in tok.encode_batch(ds["text"])]
         over = sum(n > self.max_length for n in lengths)
         if over:

@@ -188,11 +188,16 @@ class PretrainedClassifier(nn.Module):
         return self.head(self.dropout(pool(hidden, mask, self.pooling)))
 
     def logits_from_last_layer(self, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Logits from the last layer's output y (B, T', d) and its mask (B, T'): the family's final norm (ModernBERT's;
-        none for the others), pooling and the head, as ``forward`` does after the layers. With cls pooling T' may
-        be 1 (only the first token is read)."""
+        """Logits from the last layer's output y (B, T', d) and its mask (B, T'): the family's final norm, pooling
+        and the head, as ``forward`` does after the layers. With cls pooling T' may be 1 (only the first token is
+        read)."""
+        return self._classify(self._last_hidden_state(y), mask)
+
+    def _last_hidden_state(self, y: torch.Tensor) -> torch.Tensor:
+        """The encoder's last hidden state from the last layer's output: the family's final norm (ModernBERT's;
+        none for the others)."""
         norm = self.family.final_norm(self.encoder)
-        return self._classify(y if norm is None else norm(y), mask)
+        return y if norm is None else norm(y)
 
     def attention_internals(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
                             ) -> list[AttentionInternals]:

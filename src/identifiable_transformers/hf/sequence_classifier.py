@@ -75,8 +75,7 @@ class CheckpointClassifier(PretrainedClassifier):
         head = _TASK_HEADS.get(self.family.name)
         if head is None:
             return None
-        norm = self.family.final_norm(self.encoder)
-        return lambda y, mask: head(self.task, y if norm is None else norm(y), mask, self.pooling)
+        return lambda y, mask: head(self.task, self._last_hidden_state(y), mask, self.pooling)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 output_attentions: bool = False, *, placed: dict | None = None) -> ClassifierOutput:

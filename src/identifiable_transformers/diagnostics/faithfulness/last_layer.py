@@ -40,8 +40,8 @@ class LastLayerReadout:
 
     @staticmethod
     def applies(model) -> bool:
-        """Models with ``encoder_blocks`` (that can read their layers) and a ``logits_from_last_layer`` (not a
-        checkpoint's own task head)."""
+        """Models with ``encoder_blocks`` (that can read their layers) and a ``logits_from_last_layer`` (None for a
+        bare encoder, and for a checkpoint whose family's task head ``hf/sequence_classifier.py`` does not know)."""
         unsupported = getattr(model, "context_mixing_unsupported", None)
         return (callable(getattr(model, "encoder_blocks", None))
                 and callable(getattr(model, "logits_from_last_layer", None))

@@ -19,6 +19,30 @@ from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_RECORDERS: list[dict[str, list[float]]] = []  # open recorded_stages() collectors
+
+
+@contextlib.contextmanager
+def recorded_stages() -> Iterator[dict[str, list[float]]]:
+    """Collect every :func:`stage` run inside the block: {name: [wall seconds, process CPU seconds]} (a stage that
+    runs twice adds up). What a benchmark reads to say where the time goes, without changing what it runs."""
+    seconds: dict[str, list[float]] = {}
+    _RECORDERS.append(seconds)
+    try:
+        yield seconds
+    finally:
+        _RECORDERS.remove(seconds)
+
+
+@contextlib.contextmanager
+def _recorded(name: str) -> Iterator[None]:
+    t0, c0 = time.perf_counter(), time.process_time()
+    try:
+        yield
+    finally:
+        for r in _RECORDERS:
+            wall, cpu = r.setdefault(name, [0.0, 0.0])
+            r[name] = [wall + time.perf_counter() - t0, cpu + time.process_time() - c0]
 
 
 def bar_on(trainer: Any) -> bool:
@@ -34,16 +58,18 @@ def _bar(name: str, total: int | None):
 
 @contextlib.contextmanager
 def stage(name: str, bar: bool = False, total: int | None = None,
-          say: Callable[[str], Any] | None = None) -> Iterator[Callable[[int], Any]]:
-    """Run a stage called ``name``; yields ``advance(n=1)`` for a stage of ``total`` steps (a bar's units)."""
+          say: Callable[[str], Any] | None = None, detail: str = "") -> Iterator[Callable[[int], Any]]:
+    """Run a stage called ``name``; yields ``advance(n=1)`` for a stage of ``total`` steps (a bar's units).
+    ``detail`` (e.g. its size) is told with the name, but not part of the name :func:`recorded_stages` keeps."""
     if bar:
-        with _bar(name, total) as b:
+        with _recorded(name), _bar(name, total) as b:
             yield b.update
         return
     say = say or log.info
-    say(f"{name} ...")
+    say(f"{name}{f' ({detail})' if detail else ''} ...")
     t0 = time.perf_counter()
-    yield lambda n=1: None
+    with _recorded(name):
+        yield lambda n=1: None
     say(f"{name}: done in {time.perf_counter() - t0:.1f} s")
 
 

@@ -32,7 +32,16 @@ from .adversarial import adversarial_attention, project_simplex
 from .agreement import kendall_tau_b
 from .context_mixing import CONTEXT_MIXING, alti, context_mixing_name, norm_resln, rollout_maps, value_zeroing
 from .erasure import AOPC_BINS
-from .explainers import CHEAP_EXPLAINERS, EXPLAINERS, explain, integrated_gradients, unknown_explainers
+from .explainers import (
+    CHEAP_EXPLAINERS,
+    EXPLAINERS,
+    FAST_EXPLAINERS,
+    TIERS,
+    explain,
+    integrated_gradients,
+    resolve_explainers,
+    unknown_explainers,
+)
 from .plausibility import PLAUSIBILITY_METRICS, average_precision, plausibility_metrics
 from .random_control import RANDOM_DRAWS, random_draws, random_scores
 from .report import METRICS, faithfulness_report
@@ -43,9 +52,11 @@ __all__ = [
     "CHEAP_EXPLAINERS",
     "CONTEXT_MIXING",
     "EXPLAINERS",
+    "FAST_EXPLAINERS",
     "METRICS",
     "PLAUSIBILITY_METRICS",
     "RANDOM_DRAWS",
+    "TIERS",
     "adversarial_attention",
     "alti",
     "average_precision",
@@ -59,6 +70,7 @@ __all__ = [
     "project_simplex",
     "random_draws",
     "random_scores",
+    "resolve_explainers",
     "rollout_maps",
     "rationale_mask",
     "uniform_attention_logits",

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor
+
+
+def _stage(name: str, say: Callable[[str], object] | None, detail: str = ""):
+    """A timed stage of the faithfulness pass (common/progress.stage): its lines go to ``say`` (analyze.py's log),
+    none when ``say`` is None (the training callbacks), and a benchmark's ``recorded_stages`` sees it either way."""
+    from ...common.progress import stage
+
+    return stage(name, say=say or (lambda _line: None), detail=detail)
 
 
 @contextmanager

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from ..maths.nullspace import effective_attention
-from ._common import _eval_with_grad, _finish, _inputs, _logits, _pinned, _pooled_rows, _scorable
+from ._common import _eval_with_grad, _finish, _inputs, _logits, _pinned, _pooled_rows, _scorable, _stage
 from .context_mixing import context_mixing_name, context_mixing_scores
 from .random_control import random_scores
 from .readout import _masked_probs
@@ -16,6 +16,23 @@ from .readout import _masked_probs
 EXPLAINERS = ("attention", "effective", "norm", "rollout", "value_zeroing", "alti", "norm_resln", "grad_input",
               "integrated_gradients", "loo", "random")
 CHEAP_EXPLAINERS = tuple(e for e in EXPLAINERS if e != "integrated_gradients")
+FAST_EXPLAINERS = ("attention", "effective", "norm", "rollout", "alti", "norm_resln", "grad_input", "random")
+TIERS = {"all": EXPLAINERS, "cheap": CHEAP_EXPLAINERS, "fast": FAST_EXPLAINERS}
+
+
+def resolve_explainers(spec: str | Sequence[str]) -> tuple[str, ...]:
+    """A tier name (``TIERS``: "all", "cheap", "fast") or a list of explainer names -> the names, checked."""
+    if isinstance(spec, str):
+        if spec not in TIERS:
+            raise ValueError(f"explainers={spec!r} is neither a tier ({', '.join(TIERS)}) nor a list of explainers: "
+                             f"pass e.g. explainers=fast or 'explainers=[attention,loo]'")
+        return TIERS[spec]
+    names = tuple(str(e) for e in spec)
+    unknown = unknown_explainers(names)
+    if unknown or not names:
+        raise ValueError(f"explainers: unknown {unknown or 'empty list'}; use a tier ({', '.join(TIERS)}) or some of "
+                         f"{list(EXPLAINERS)}")
+    return names
 
 
 def unknown_explainers(names: Sequence[str]) -> list[str]:
@@ -123,13 +140,14 @@ def _loo(model, input_ids: Tensor, mask: Tensor, pred: Tensor, prob: Tensor) -> 
 
 def explain(
     model, input_ids: Tensor, attention_mask: Tensor | None = None, explainers: Sequence[str] = CHEAP_EXPLAINERS,
-    seed: int = 0, *, ig_steps: int = 32,
+    seed: int = 0, *, ig_steps: int = 32, say: Callable[[str], object] | None = None,
 ) -> dict[str, Tensor]:
     """Token scores of each named explainer (``EXPLAINERS``; ``<map>_layer<k>`` scores one layer's context-mixing
     map instead of its rollout): {name: (B, T) float32}, 0 at <cls> and padding.
 
     Scores explain the class the model predicts on the full input. Runs in eval mode (the previous
-    mode is restored); higher score = more important.
+    mode is restored); higher score = more important. ``say``: where each explainer's start and time are told
+    (e.g. ``log.info``; None: silently).
     """
     unknown = unknown_explainers(explainers)
     if unknown:
@@ -142,17 +160,25 @@ def explain(
         prob, pred = probs.max(-1)
         pinned = _pinned(model, ids)  # a pretrained model's special tokens: never scored (docs/pretrained.md)
         out: dict[str, Tensor] = {}
-        if any(e in _ATTENTION_EXPLAINERS for e in explainers):
-            out.update(_attention_explainers(model, ids, mask, explainers))
+        B, T = ids.shape
+        attention = [e for e in explainers if e in _ATTENTION_EXPLAINERS]
+        if attention:
+            with _stage("explainers: attention maps", say, ", ".join(attention)):
+                out.update(_attention_explainers(model, ids, mask, explainers))
         mixing = [e for e in explainers if context_mixing_name(e) is not None]
         if mixing:
-            out.update(context_mixing_scores(model, ids, mask, mixing))
+            with _stage("explainers: context mixing", say, ", ".join(mixing)):
+                out.update(context_mixing_scores(model, ids, mask, mixing))
         if "grad_input" in explainers:
-            out["grad_input"] = _grad_input(model, ids, mask, pred)
+            with _stage("explainer: grad_input", say):
+                out["grad_input"] = _grad_input(model, ids, mask, pred)
         if "integrated_gradients" in explainers:
-            out["integrated_gradients"] = integrated_gradients(model, ids, mask, n_steps=ig_steps, target=pred)[0]
+            with _stage("explainer: integrated_gradients", say, f"{ig_steps} steps"):
+                out["integrated_gradients"] = integrated_gradients(model, ids, mask, n_steps=ig_steps, target=pred)[0]
         if "loo" in explainers:
-            out["loo"] = _loo(model, ids, mask, pred, prob)
+            with _stage("explainer: loo", say, f"{int(_scorable(mask, pinned).sum())} copies of {B} example(s), "
+                        f"up to {T} tokens"):
+                out["loo"] = _loo(model, ids, mask, pred, prob)
         if "random" in explainers:
             out["random"] = random_scores(ids, mask, seed, pinned=pinned)  # draw 0 of the example's own order
         return {e: _finish(out[e], mask, pinned) for e in explainers}

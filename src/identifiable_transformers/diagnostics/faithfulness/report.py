@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from ._common import _eval_with_grad, _finish, _inputs, _logits, _nanmean, _pinned, _scorable
+from ._common import _eval_with_grad, _finish, _inputs, _logits, _nanmean, _pinned, _scorable, _stage
 from .agreement import kendall_tau_b
 from .erasure import _erasure_metrics
 from .explainers import CHEAP_EXPLAINERS, explain
@@ -23,11 +23,13 @@ def faithfulness_report(
     model, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None,
     explainers: Sequence[str] = CHEAP_EXPLAINERS, seed: int = 0, *, ig_steps: int = 32,
     precomputed: dict[str, Tensor] | None = None, rationale_mask: Tensor | None = None,
-    random_draws: int = RANDOM_DRAWS,
+    random_draws: int = RANDOM_DRAWS, say: Callable[[str], object] | None = None,
+    flip_resolution: int | None = None,
 ) -> dict:
     """Scores of ``explainers`` and their faithfulness metrics (docs/faithfulness.md) on one batch.
 
-    Returns {"scores": {name: (B, T)}, "metrics": {"name/metric": mean over examples (NaN-skipping)},
+    Returns {"scores": {name: (B, T)}, "loo": (B, T) the leave-one-out scores,
+    "metrics": {"name/metric": mean over examples (NaN-skipping)},
     "per_example": {"name/metric": (B,)}, "uniform_acc_gap": float or None (needs labels),
     "predicted": (B,), "prob": (B,) probability of the predicted class}. Metrics are
     ``METRICS``, plus ``PLAUSIBILITY_METRICS`` when ``rationale_mask`` (B, T) bool is given; tau_loo needs
@@ -35,7 +37,9 @@ def faithfulness_report(
     ``precomputed`` {name: (B, T)} supplies scores already computed (e.g. integrated gradients).
     The ``random`` control (unless precomputed) is scored on ``random_draws`` seeded draws: its metrics
     are their mean (per example, then over examples), "random/<metric>_std" the standard deviation of the
-    draws' means, and its scores are draw 0.
+    draws' means, and its scores are draw 0. ``say`` (e.g. ``log.info``) is told each stage as it starts and
+    its time as it ends (each explainer, erasure window by window); None: silently. ``flip_resolution``: scan
+    the removal curves on that many points per example (erasure.py; None: every removal).
     """
     if random_draws < 1:
         raise ValueError(f"random_draws must be >= 1, got {random_draws}")
@@ -48,11 +52,13 @@ def faithfulness_report(
         scores = {k: _finish(v.to(mask.device), mask, pinned) for k, v in (precomputed or {}).items()}
         draws = random_draws if "random" in explainers and "random" not in scores else 1
         wanted = [e for e in dict.fromkeys([*explainers, "loo"]) if e not in scores]
-        scores.update(explain(model, ids, mask, wanted, seed=seed, ig_steps=ig_steps))
+        scores.update(explain(model, ids, mask, wanted, seed=seed, ig_steps=ig_steps, say=say))
         # The further random draws are scored like explainers of their own, then averaged into "random".
         extra = {f"random#{d}": s for d, s in enumerate(_random_draws(ids, mask, seed, draws, pinned)) if d > 0}
         scored = {**{e: scores[e] for e in explainers}, **extra}
-        per_example = _erasure_metrics(model, ids, mask, scored, pred, prob)
+        with _stage("erasure", say, f"comprehensiveness, sufficiency and flip fraction of {len(scored)} orders"):
+            per_example = _erasure_metrics(model, ids, mask, scored, pred, prob, say=say,
+                                           flip_resolution=flip_resolution)
         scorable = _scorable(mask, pinned)
         for e, s in scored.items():
             per_example[f"{e}/tau_loo"] = kendall_tau_b(s, scores["loo"], scorable).float()
@@ -76,6 +82,7 @@ def faithfulness_report(
             gap = float(acc - (uniform_pred == labels).double().mean())
         return {
             "scores": {e: scores[e] for e in explainers},
+            "loo": scores["loo"],  # computed for tau_loo even when not listed: the equivalence LPs read it too
             "metrics": {**{k: _nanmean(v) for k, v in per_example.items()}, **spread},
             "per_example": per_example,
             "uniform_acc_gap": gap,

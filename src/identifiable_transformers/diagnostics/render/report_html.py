@@ -69,11 +69,11 @@ _STRIP_METRICS = (("comprehensiveness", "compr. ↑"), ("sufficiency", "suff. �
 _RATIONALE_METRICS = (("rationale_auprc", "AUPRC rat. ↑"), ("rationale_f1", "F1 rat. ↑"))
 
 
-def _faithfulness(model, input_ids, attention_mask, rationale_mask=None, every_explainer: bool = False) -> dict:
-    from ..faithfulness import CHEAP_EXPLAINERS, EXPLAINERS, faithfulness_report
+def _faithfulness(model, input_ids, attention_mask, rationale_mask=None, explainers: Sequence[str] = ()) -> dict:
+    from ..faithfulness import faithfulness_report
 
     return faithfulness_report(model, input_ids, attention_mask, rationale_mask=rationale_mask,
-                               explainers=EXPLAINERS if every_explainer else CHEAP_EXPLAINERS)
+                               explainers=explainers, say=log.info)
 
 
 def heat_strip(tokens: Sequence[str], scores: Sequence[float], marked: Sequence[int] = ()) -> str:
@@ -151,6 +151,7 @@ def build_report(
     faithfulness: bool = True,
     rationales: Sequence[Sequence[int]] | None = None,
     length_bins: Sequence[int] | None = None,
+    explainers: Sequence[str] | str | None = None,
 ) -> Path:
     """Write ``report.html`` (images embedded), ``example{i}.png`` and ``report.json``; return the HTML path.
 
@@ -161,7 +162,8 @@ def build_report(
     adds the plausibility metrics. ``length_bins`` (token counts): every explainer (integrated gradients too) is
     scored, and the faithfulness and plausibility tables per cumulative length bin head the report
     (``faithfulness_tables``). A model without a head (``has_head`` False: a bare encoder) gets no prediction and
-    no faithfulness.
+    no faithfulness. ``explainers``: the explainers scored, a list or a tier name (``resolve_explainers``: "all",
+    "fast", "cheap"); None: every one with ``length_bins``, else every one but integrated gradients.
     """
     from .plots import figure_to_png, plot_attention_maps
 
@@ -194,7 +196,11 @@ def build_report(
     faith = None
     if faithfulness:
         with _stage(f"report: token explanations and their faithfulness for {B} example(s)"):
-            faith = _faithfulness(model, input_ids, attention_mask, rationale_mask, length_bins is not None)
+            from ..faithfulness import resolve_explainers
+
+            chosen = resolve_explainers(explainers if explainers is not None else
+                                        "all" if length_bins is not None else "cheap")
+            faith = _faithfulness(model, input_ids, attention_mask, rationale_mask, chosen)
     faith_records = []
     table_rows = None
     if faith is not None and length_bins is not None:
@@ -300,7 +306,8 @@ def build_report(
         from .equivalence_html import equivalence_section
 
         with _stage(f"report: output-equivalent explanations of {B} example(s) (linear programs)"):
-            section, equivalence_records = equivalence_section(model, input_ids, attention_mask, tokens, rationale_mask)
+            section, equivalence_records = equivalence_section(model, input_ids, attention_mask, tokens, rationale_mask,
+                                                               loo=None if faith is None else faith["loo"])
         parts += section
     parts.append("</body></html>")
     path = out / "report.html"

@@ -125,9 +125,11 @@ def _some(names: list[str], shown: int = 4) -> str:
 
 
 def check_compatible(ckpt: dict[str, Any], module: torch.nn.Module, path: str | os.PathLike,
-                     what: str = "checkpoint") -> None:
+                     what: str = "checkpoint", vocabulary_fix: str = "") -> None:
     """A :class:`CheckpointError` listing the differing hyper-parameters and tensor shapes when the
-    checkpoint's weights do not fit ``module`` (a model of another size)."""
+    checkpoint's weights do not fit ``module`` (a model of another size). ``vocabulary_fix`` (a sentence) ends
+    the message when the vocabulary sizes differ: how the caller's user passes the checkpoint's own vocabulary
+    (no model setting gives it)."""
     theirs = ckpt["state_dict"]
     ours = module.state_dict()
     shapes = {k: (tuple(theirs[k].shape), tuple(v.shape)) for k, v in ours.items()
@@ -150,8 +152,13 @@ def check_compatible(ckpt: dict[str, Any], module: torch.nn.Module, path: str | 
                      f"{_some(unexpected)}")
     if missing:
         parts.append(f"{len(missing)} missing weight(s), in this model but not in the checkpoint: {_some(missing)}")
+    fix = " Pass the model settings it was trained with."
+    if "vocab_size" in hp and vocabulary_fix:
+        (theirs_v, ours_v), others = hp["vocab_size"], set(hp) - {"vocab_size"}
+        fix = (f" Its vocabulary has {theirs_v} entries, this run's {ours_v}: {vocabulary_fix}"
+               + (" Pass the model settings it was trained with too." if others else ""))
     raise CheckpointError(f"{what} {str(path)!r} holds a model of another size or kind; " + "; ".join(parts)
-                          + ". Pass the model settings it was trained with.")
+                          + "." + fix)
 
 
 # The one class a checkpoint's data_cfg may name, compared whole: a prefix test would let

@@ -13,7 +13,6 @@ would end them without it.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shlex
 import signal
@@ -45,22 +44,18 @@ def _on_sigterm(signum: int, frame) -> None:
 
 
 def _child_takes_the_default() -> None:
-    """In a process just forked while the handler is installed: SIGTERM's default action again, at the C level.
-    The inherited handler would end the child too, but only once the child's main thread runs Python code. A child
-    forked from another thread (a ``datasets.map`` pool refilling itself after SIGTERM killed its workers) has no
-    such thread: its signal handlers never run, so the pool's SIGTERM could not end it while it waited for the task
-    queue's lock, and the parent, joining it, hung (tests/test_interrupt_cache.py, 3 of 6 runs under load)."""
-    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
-        return
-    try:
+    """In a process just forked while the handler is installed: SIGTERM's default action again, so that SIGTERM
+    ends it in the kernel, whatever it is doing. The inherited handler would end it too, but only once the child's
+    interpreter runs Python code again (it runs in the child's only thread, which is its main thread even when it
+    was forked from another thread: ``signal.signal`` works there, as tests/test_signals.py checks). A
+    ``datasets.map`` pool worker that the pool's own thread forks to replace one the group's SIGTERM killed would
+    have to get that far to end; with the inherited handler the parent, joining such a worker, sometimes hung
+    (tests/test_interrupt_cache.py, 3 of 6 runs under load; 1 of 30 with this reset)."""
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    except ValueError:  # forked from a thread other than the main one: Python refuses, so ask the C library
-        _libc_signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 if hasattr(os, "register_at_fork"):  # POSIX: where processes fork
-    _libc_signal = ctypes.CDLL(None).signal
-    _libc_signal.argtypes, _libc_signal.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
     os.register_at_fork(after_in_child=_child_takes_the_default)
 
 

@@ -288,6 +288,11 @@ def check_resume_model(cfg: DictConfig, ckpt: dict[str, Any], model: pl.Lightnin
         f"it was trained with another tokenizer: pass it with data.tokenizer_file={_its_tokenizer_file(ckpt, path)}.")
     check_compatible(ckpt, model, path, what="ckpt_path", vocabulary_fix=fix)
     refuse_other_architecture(cfg, ckpt, path)  # same shapes, other computation (e.g. model.activation)
+    check_same_tokenizer(ckpt, datamodule, path)
+
+
+def check_same_tokenizer(ckpt: dict[str, Any], datamodule, path: str) -> None:
+    """The checkpoint's token ids must mean the same words as the data's."""
     saved = (ckpt.get("hyper_parameters") or {}).get("tokenizer_json")
     if saved is None or _words(saved) == _words(datamodule.tokenizer.to_str()):
         return

@@ -140,3 +140,30 @@ def test_near_misses_of_the_class_path_are_refused(target):
 def test_the_module_constant_names_the_class_where_it_lives():
     # the exact path where the class is defined is one of the accepted targets
     assert _class_path(TextDataModule) in ckpt_mod.DATA_MODULE_TARGETS
+
+
+# The pretrained data module lives in hf/, a layer above modules/: the caller passes it, or it is found once hf/ has
+# defined it; modules/checkpoint.py never imports it (tests/test_imports.py).
+def test_the_caller_passes_the_pretrained_data_module():
+    class Stand(TextDataModule):
+        def __init__(self, name: str = "x", pretrained_tokenizer: str = "", cache_dir: str = ""):
+            self.args = (name, pretrained_tokenizer, cache_dir)
+
+    data_cfg = {"_target_": ckpt_mod.PRETRAINED_DATA_TARGETS[1], "name": "rt", "pretrained_tokenizer": "m"}
+    passed = dict.fromkeys(ckpt_mod.PRETRAINED_DATA_TARGETS, Stand)
+    built = ckpt_mod.data_module_from_checkpoint(data_cfg, "/here", data_modules=passed)
+    assert isinstance(built, Stand) and built.args == ("rt", "m", "/here")
+    with pytest.raises(CheckpointError, match=r"keys \['evil'\]"):  # checked against the class passed
+        data_module_kwargs({**data_cfg, "evil": 1}, data_modules=passed)
+    with pytest.raises(CheckpointError, match="_target_="):  # a name outside the allowed ones, even if passed
+        data_module_kwargs({"_target_": "attacker.Data"}, data_modules={"attacker.Data": Stand})
+    with pytest.raises(RuntimeError, match="has not loaded: pass it as data_modules"):
+        data_module_kwargs(data_cfg, data_modules={})  # neither passed nor defined: a program error, said so
+
+
+def test_the_pretrained_data_module_is_found_once_hf_defines_it():
+    from identifiable_transformers.hf.data import PretrainedTextDataModule
+
+    found = ckpt_mod.default_data_modules()
+    assert [found[name] for name in ckpt_mod.PRETRAINED_DATA_TARGETS] == [PretrainedTextDataModule] * 2
+    assert _class_path(PretrainedTextDataModule) == ckpt_mod.PRETRAINED_DATA_TARGETS[0]

@@ -33,6 +33,14 @@ def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> list[str]:
     return [target, *(f"{target}.{alias.name}" for alias in node.names)]
 
 
+def _imported_by_name(node: ast.AST) -> bool:
+    """``import_module("<a package module>")`` or ``__import__(...)`` with the name written out."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)):
+        return False
+    func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+    return func in ("import_module", "__import__") and str(node.args[0].value).startswith(PACKAGE + ".")
+
+
 def import_graph() -> dict[str, set[str]]:
     modules = _modules()
     graph: dict[str, set[str]] = {}
@@ -43,6 +51,8 @@ def import_graph() -> dict[str, set[str]]:
                 edges.update(_resolve(name, path.name == "__init__.py", node))
             elif isinstance(node, ast.Import):
                 edges.update(alias.name for alias in node.names)
+            elif _imported_by_name(node):  # importlib.import_module("identifiable_transformers.x"): an import too
+                edges.add(node.args[0].value)
         # A module importing its own package's __init__ (``from . import x`` inside x's package) is how Python
         # reaches a sibling, not a dependency on the __init__'s re-exports.
         graph[name] = {e for e in edges if e in modules and e != name and not name.startswith(e + ".")}
@@ -85,6 +95,12 @@ def test_the_graph_sees_relative_and_lazy_imports():
     # callbacks/identifiability.py imports key_aware_probe inside a method
     callbacks = f"{PACKAGE}.diagnostics.callbacks"
     assert f"{callbacks}.key_aware_probe" in graph[f"{callbacks}.identifiability"]
+
+
+def test_an_import_by_name_is_an_edge_of_the_graph():
+    code = "import importlib\ndef f():\n    return importlib.import_module('identifiable_transformers.hf.data')\n"
+    calls = [n for n in ast.walk(ast.parse(code)) if _imported_by_name(n)]
+    assert [c.args[0].value for c in calls] == [f"{PACKAGE}.hf.data"]
 
 
 def test_no_import_cycle():

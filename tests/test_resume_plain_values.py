@@ -6,7 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from identifiable_transformers.common.errors import UserError
-from identifiable_transformers.run.checks import check_resume_settings, resume_changes
+from identifiable_transformers.run.resume import check_resume_settings, resume_changes
 
 
 def _cfg(betas, text_fields):

@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 
 from identifiable_transformers.common.errors import UserError
 from identifiable_transformers.modules.checkpoint import CheckpointError
-from identifiable_transformers.run.checks import RunFolderCheck, check_resume_batch_size
+from identifiable_transformers.run.checks import RunFolderCheck
+from identifiable_transformers.run.resume import check_resume_batch_size
 from identifiable_transformers.run.training import run
 
 # the crafted checkpoints have no .sha256 beside them: read_checkpoint warns before it refuses them

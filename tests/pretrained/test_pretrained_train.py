@@ -10,7 +10,8 @@ from helpers import save_tiny_bert
 from tokenizers import Tokenizer
 
 from identifiable_transformers.common.errors import UserError
-from identifiable_transformers.run.training import _check_same_tokenizer, run
+from identifiable_transformers.run.resume import check_same_tokenizer as _check_same_tokenizer
+from identifiable_transformers.run.training import run
 
 # conftest's FAST, less its model.* sizes (a pretrained encoder has its own), with small diagnostics
 FAST = ["trainer=cpu", "logger=none", "trainer.max_epochs=1", "trainer.limit_train_batches=3",

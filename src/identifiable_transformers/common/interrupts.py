@@ -13,7 +13,6 @@ would end them without it.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shlex
 import signal
@@ -44,24 +43,45 @@ def _on_sigterm(signum: int, frame) -> None:
     raise Terminated(signum)
 
 
+_forking = threading.local()  # the forking thread's signal mask while SIGTERM is blocked around its fork
+
+
+def _block_sigterm_for_the_fork() -> None:
+    """Before a fork while the handler is installed: SIGTERM blocked in the forking thread, so that one sent to the
+    child before its after-fork hook has run waits in the kernel instead of being lost (see
+    :func:`_child_takes_the_default`). In the parent a SIGTERM meanwhile waits at most for the fork."""
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        _forking.mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+def _unblock_after_the_fork() -> None:
+    mask, _forking.mask = getattr(_forking, "mask", None), None
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 def _child_takes_the_default() -> None:
-    """In a process just forked while the handler is installed: SIGTERM's default action again, at the C level.
-    The inherited handler would end the child too, but only once the child's main thread runs Python code. A child
-    forked from another thread (a ``datasets.map`` pool refilling itself after SIGTERM killed its workers) has no
-    such thread: its signal handlers never run, so the pool's SIGTERM could not end it while it waited for the task
-    queue's lock, and the parent, joining it, hung (tests/test_interrupt_cache.py, 3 of 6 runs under load)."""
-    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
-        return
-    try:
+    """In a process just forked while the handler is installed: SIGTERM's default action again, then SIGTERM
+    unblocked, so that SIGTERM ends the child in the kernel whatever it is doing, one sent before this point too.
+
+    The inherited handler alone loses such a signal. A child that has not yet run when SIGTERM reaches it (under load
+    it waits for a CPU) takes it in the interpreter's C handler, which only notes it, and the interpreter's own
+    after-fork step then clears that note: the child runs on. A ``datasets.map`` pool does exactly this when the
+    group's SIGTERM kills its workers: the pool's thread forks a replacement, the parent's ``Pool.terminate`` sends
+    it SIGTERM at once, and then, holding the task queue's lock, joins it; the replacement that survived waits for
+    that lock for ever (tests/test_interrupt_cache.py, 3 of 6 runs under load without the reset; 1 of 30 with the
+    reset alone; gdb and py-spy showed this child, SIGTERM uncaught and none pending). Blocked around the fork
+    (:func:`_block_sigterm_for_the_fork`), the signal waits in the kernel and ends the child here. The child's one
+    thread is its main thread even when it was forked from another, so ``signal.signal`` works here
+    (tests/test_signals.py)."""
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    except ValueError:  # forked from a thread other than the main one: Python refuses, so ask the C library
-        _libc_signal(signal.SIGTERM, signal.SIG_DFL)
+    _unblock_after_the_fork()
 
 
 if hasattr(os, "register_at_fork"):  # POSIX: where processes fork
-    _libc_signal = ctypes.CDLL(None).signal
-    _libc_signal.argtypes, _libc_signal.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
-    os.register_at_fork(after_in_child=_child_takes_the_default)
+    os.register_at_fork(before=_block_sigterm_for_the_fork, after_in_parent=_unblock_after_the_fork,
+                        after_in_child=_child_takes_the_default)
 
 
 def received_sigterm() -> bool:

@@ -22,7 +22,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib
 import inspect
 import io
 import os
@@ -125,9 +124,11 @@ def _some(names: list[str], shown: int = 4) -> str:
 
 
 def check_compatible(ckpt: dict[str, Any], module: torch.nn.Module, path: str | os.PathLike,
-                     what: str = "checkpoint") -> None:
+                     what: str = "checkpoint", vocabulary_fix: str = "") -> None:
     """A :class:`CheckpointError` listing the differing hyper-parameters and tensor shapes when the
-    checkpoint's weights do not fit ``module`` (a model of another size)."""
+    checkpoint's weights do not fit ``module`` (a model of another size). ``vocabulary_fix`` (a sentence) ends
+    the message when the vocabulary sizes differ: how the caller's user passes the checkpoint's own vocabulary
+    (no model setting gives it)."""
     theirs = ckpt["state_dict"]
     ours = module.state_dict()
     shapes = {k: (tuple(theirs[k].shape), tuple(v.shape)) for k, v in ours.items()
@@ -150,28 +151,55 @@ def check_compatible(ckpt: dict[str, Any], module: torch.nn.Module, path: str | 
                      f"{_some(unexpected)}")
     if missing:
         parts.append(f"{len(missing)} missing weight(s), in this model but not in the checkpoint: {_some(missing)}")
+    fix = " Pass the model settings it was trained with."
+    if "vocab_size" in hp and vocabulary_fix:
+        (theirs_v, ours_v), others = hp["vocab_size"], set(hp) - {"vocab_size"}
+        fix = (f" Its vocabulary has {theirs_v} entries, this run's {ours_v}: {vocabulary_fix}"
+               + (" Pass the model settings it was trained with too." if others else ""))
     raise CheckpointError(f"{what} {str(path)!r} holds a model of another size or kind; " + "; ".join(parts)
-                          + ". Pass the model settings it was trained with.")
+                          + "." + fix)
 
 
-# The one class a checkpoint's data_cfg may name, compared whole: a prefix test would let
+# The data modules a checkpoint's data_cfg may name, compared whole: a prefix test would let
 # ``identifiable_transformers.data_evil.X`` through.
 DATA_MODULE_TARGETS = ("identifiable_transformers.data.TextDataModule",
                        "identifiable_transformers.data.datamodule.TextDataModule")
-# model=pretrained's data module (the same data, the checkpoint's own tokenizer): also allowed, by its exact name,
-# and by the name it had before the hf/ package (checkpoints written then).
+# model=pretrained's data module (the same data, the checkpoint's own tokenizer), by its exact name and by the name
+# it had before the hf/ package (checkpoints written then). hf/ builds on this package (its module subclasses
+# ClassifierModule), so the class is never imported from here: the caller passes it (``data_modules``), or it is
+# found among the TextDataModule subclasses already defined, which it is wherever hf/ has been imported.
 PRETRAINED_DATA_TARGETS = ("identifiable_transformers.hf.data.PretrainedTextDataModule",
                            "identifiable_transformers.data.pretrained.PretrainedTextDataModule")
 
 
-def _data_module_class(target: str):
-    if target in PRETRAINED_DATA_TARGETS:
-        # hf/ builds on this package (its module subclasses ClassifierModule): reached by name, not by an import
-        # that would run against the layers.
-        return importlib.import_module("identifiable_transformers.hf.data").PretrainedTextDataModule
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
+
+
+def default_data_modules() -> dict[str, type]:
+    """``{checkpoint target: class}``: ``TextDataModule`` under its names, and the pretrained data module under its
+    names when a layer above has defined it (the class whose path is the first of :data:`PRETRAINED_DATA_TARGETS`)."""
     from ..data import TextDataModule
 
-    return TextDataModule
+    found = {name: TextDataModule for name in DATA_MODULE_TARGETS}
+    pretrained = [c for c in _subclasses(TextDataModule) if _class_path(c) == PRETRAINED_DATA_TARGETS[0]]
+    found.update({name: pretrained[0] for name in PRETRAINED_DATA_TARGETS} if pretrained else {})
+    return found
+
+
+def _data_module_class(target: str, data_modules: dict[str, type] | None, what: str, fix: str) -> type:
+    classes = default_data_modules() if data_modules is None else data_modules
+    if target not in (*DATA_MODULE_TARGETS, *PRETRAINED_DATA_TARGETS):  # whatever the caller passed
+        raise CheckpointError(f"{what}: its data_cfg names _target_={target!r}, not {DATA_MODULE_TARGETS[0]}: refused "
+                              f"(a checkpoint's _target_ is never run).{fix}")
+    if target not in classes:  # a program error: the caller neither passed nor imported the class
+        raise RuntimeError(f"{what}: its data_cfg names {target}, a data module this process has not loaded: pass it "
+                           "as data_modules={name: class} (identifiable_transformers.hf.data holds it).")
+    return classes[target]
 
 
 def _plain(value: Any) -> bool:
@@ -185,21 +213,20 @@ def _plain(value: Any) -> bool:
     return False
 
 
-def data_module_kwargs(data_cfg: Any, what: str = "checkpoint", fix: str = "") -> dict[str, Any]:
-    """The keyword arguments of ``TextDataModule`` that ``data_cfg`` (a checkpoint's saved data settings)
-    holds, checked: its ``_target_`` is exactly ``TextDataModule`` (or absent), every key is a
-    ``TextDataModule`` argument and every value a plain one. Anything else is a :class:`CheckpointError`;
-    nothing in ``data_cfg`` is imported, called or resolved. ``what`` names the checkpoint in the
-    message, ``fix`` (a sentence) ends it."""
+def data_module_kwargs(data_cfg: Any, what: str = "checkpoint", fix: str = "",
+                       data_modules: dict[str, type] | None = None) -> dict[str, Any]:
+    """The keyword arguments of the data module that ``data_cfg`` (a checkpoint's saved data settings) holds,
+    checked: its ``_target_`` is exactly one of :data:`DATA_MODULE_TARGETS` or :data:`PRETRAINED_DATA_TARGETS` (or
+    absent: ``TextDataModule``), every key is an argument of that class and every value a plain one. Anything else
+    is a :class:`CheckpointError`; nothing in ``data_cfg`` is imported, called or resolved. ``what`` names the
+    checkpoint in the message, ``fix`` (a sentence) ends it; ``data_modules`` maps those names to the classes
+    (:func:`default_data_modules` when None)."""
     if not isinstance(data_cfg, dict):
         raise CheckpointError(f"{what}: its data_cfg is a {type(data_cfg).__name__}, not a mapping of data "
                               f"settings.{fix}")
     values = dict(data_cfg)
     target = values.pop("_target_", DATA_MODULE_TARGETS[0])
-    if target not in (*DATA_MODULE_TARGETS, *PRETRAINED_DATA_TARGETS):
-        raise CheckpointError(f"{what}: its data_cfg names _target_={target!r}, not {DATA_MODULE_TARGETS[0]}: refused "
-                              f"(a checkpoint's _target_ is never run).{fix}")
-    allowed = set(inspect.signature(_data_module_class(target)).parameters)
+    allowed = set(inspect.signature(_data_module_class(target, data_modules, what, fix)).parameters)
     unknown = sorted(str(k) for k in values if k not in allowed)
     if unknown:
         raise CheckpointError(f"{what}: its data_cfg has keys {unknown} that TextDataModule does not take: "
@@ -211,12 +238,13 @@ def data_module_kwargs(data_cfg: Any, what: str = "checkpoint", fix: str = "") -
     return values
 
 
-def data_module_from_checkpoint(data_cfg: Any, cache_dir: str, what: str = "checkpoint", fix: str = ""):
-    """``TextDataModule(**data_module_kwargs(data_cfg))`` with this machine's ``cache_dir`` (the
-    checkpoint's is the training machine's)."""
+def data_module_from_checkpoint(data_cfg: Any, cache_dir: str, what: str = "checkpoint", fix: str = "",
+                                data_modules: dict[str, type] | None = None):
+    """The data module ``data_cfg`` names, built from :func:`data_module_kwargs` with this machine's ``cache_dir``
+    (the checkpoint's is the training machine's)."""
     target = data_cfg.get("_target_", DATA_MODULE_TARGETS[0]) if isinstance(data_cfg, dict) else None
-    kwargs = data_module_kwargs(data_cfg, what, fix)  # checks target too
-    return _data_module_class(target)(**{**kwargs, "cache_dir": str(cache_dir)})
+    kwargs = data_module_kwargs(data_cfg, what, fix, data_modules)  # checks target too
+    return _data_module_class(target, data_modules, what, fix)(**{**kwargs, "cache_dir": str(cache_dir)})
 
 
 class LastCheckpoint(Checkpoint):  # a Checkpoint, so Lightning runs it after the other callbacks

@@ -22,30 +22,27 @@ from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.seed import isolate_rng
 from omegaconf import DictConfig, OmegaConf
-from tokenizers import Tokenizer
 
 from ..common.errors import Interrupted
 from ..common.files import DiskFullError, atomic_write, free_space, is_disk_full, writable
 from ..common.interrupts import Terminated, how_to_resume, received_sigterm, sigterm_stops_the_run, where_it_stopped
 from ..common.quiet import ModelSummary, silence_known_noise
-from ..modules.checkpoint import CheckpointError, check_compatible, read_checkpoint
+from ..modules.checkpoint import read_checkpoint
 from ..tracking.loggers import build_loggers, hydra_runtime, log_once, quiet_logging_errors
 from ..tracking.wandb_logging import log_run_end
-from .checks import (
-    adopt_evaluation_settings,
-    check_resume_batch_size,
-    check_resume_settings,
-    check_run_folder,
-    refuse_other_architecture,
-)
+from .checks import check_run_folder
 from .config_checks import check_config
 from .history import MetricsHistory
 from .lock import unlock_run_folder
-from .run_settings import (
+from .resume import (
     RunSettingsRecord,
-    check_resume_run_settings,
-    check_resume_world_size,
-    recorded_world_size,
+    adopt_evaluation_settings,
+    check_resume,
+    check_resume_model,
+    check_resume_processes,
+    record_changes,
+    recorded_changes,
+    recorded_processes,
     training_settings,
 )
 
@@ -136,12 +133,13 @@ def _ctrl_c(cfg: DictConfig, output_dir: Path, state: dict) -> Interrupted:
 
 def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
     ckpt_path = cfg.get("ckpt_path")
-    ckpt, resume_changes, trained_on = None, [], None  # trained_on: the checkpoint's number of processes
+    # resume_changes: the record metrics.json and every checkpoint carry; allowed: this resume's changes to it
+    ckpt, resume_changes, allowed, trained_on, step = None, [], {}, {}, 0
     if ckpt_path:  # refused here with a clear message, before Lightning meets a damaged or foreign file
         ckpt, _ = read_checkpoint(ckpt_path, what="ckpt_path")
-        check_resume_batch_size(cfg, ckpt, ckpt_path)
-        check_resume_settings(cfg, ckpt, ckpt_path)  # training: any other setting is refused
-        resume_changes = check_resume_run_settings(cfg, ckpt, ckpt_path)  # seed, trainer, callbacks: the same
+        allowed = check_resume(cfg, ckpt, ckpt_path)  # training: any setting but the length of training is refused
+        resume_changes = recorded_changes(ckpt) if cfg.get("train") else []
+        step = int(ckpt.get("global_step", 0))
         adopted = adopt_evaluation_settings(cfg, ckpt)  # evaluation: record the settings the weights were trained with
         if adopted:
             log.warning("train=false: recording the checkpoint's own %s (this run's values apply to training only)",
@@ -161,7 +159,6 @@ def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
     else:  # a read-only cache is only read (nobody can build into it); prepare_data says so if it must build
         datamodule.prepare_data()
     datamodule.setup("fit")
-    atomic_write(output_dir / "tokenizer.json", datamodule.tokenizer.to_str(pretty=True), "tokenizer")
 
     log.info("Model <%s>", cfg.model._target_)
     # Built by hand, not hydra.utils.instantiate: data_cfg holds a _target_ that must stay a plain dict.
@@ -176,11 +173,11 @@ def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
         data_cfg=OmegaConf.to_container(cfg.data, resolve=True),
     )
     if ckpt is not None:
-        check_compatible(ckpt, model, ckpt_path, what="ckpt_path")
-        refuse_other_architecture(cfg, ckpt, ckpt_path)  # same shapes, other computation (e.g. model.activation)
-        _check_same_tokenizer(ckpt, datamodule, ckpt_path)
-        trained_on = recorded_world_size(ckpt)  # checked once the trainer knows its own
+        check_resume_model(cfg, ckpt, model, datamodule, ckpt_path)  # shapes, architecture, tokenizer
+        trained_on = recorded_processes(ckpt)  # checked once the trainer knows its own
         del ckpt  # the weights and optimiser state: Lightning reads the file again when it resumes
+    # after the checks: a refused resume into its own folder keeps the tokenizer.json its message may name
+    atomic_write(output_dir / "tokenizer.json", datamodule.tokenizer.to_str(pretty=True), "tokenizer")
     loggers = build_loggers(cfg)
     history = MetricsHistory(output_dir)  # metrics_history.csv: always, whatever the callbacks config
     callbacks = [*_instantiate_dict(cfg.get("callbacks")), history,
@@ -196,7 +193,8 @@ def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
     trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     state["trainer"] = trainer
     if cfg.get("train"):
-        check_resume_world_size(trained_on, trainer, ckpt_path)
+        allowed = {**allowed, **check_resume_processes(trained_on, trainer, ckpt_path)}
+        record_changes(resume_changes, step, allowed)  # the list RunSettingsRecord writes into every checkpoint
 
     try:
         params = count_parameters(model)
@@ -276,23 +274,6 @@ def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
             import wandb
 
             wandb.finish()
-
-
-def _check_same_tokenizer(ckpt: dict, datamodule, path: str) -> None:
-    """The checkpoint's token ids must mean the same words as the data's."""
-    saved = (ckpt.get("hyper_parameters") or {}).get("tokenizer_json")
-    # Truncation and padding settings do not change what an id means (a pretrained checkpoint's tokenizer
-    # truncates at data.max_length, which a resumed run may change).
-    def words(s: str) -> dict:
-        return {k: v for k, v in json.loads(s).items() if k not in ("truncation", "padding")}
-
-    if saved is None or words(saved) == words(datamodule.tokenizer.to_str()):
-        return
-    raise CheckpointError(
-        f"ckpt_path {str(path)!r} was trained with another tokenizer than the one this data config builds "
-        f"(vocabulary {Tokenizer.from_str(saved).get_vocab_size()} vs {datamodule.vocab_size}): its token "
-        "ids would mean other words. Use the data settings it was trained with, or pass its tokenizer with "
-        "data.tokenizer_file=<its run dir>/tokenizer.json.")
 
 
 def where_things_are(output_dir: Path, result: dict) -> str:

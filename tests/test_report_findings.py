@@ -110,7 +110,7 @@ def test_could_not_fail_zero_variance_head_room_and_lengths(tmp_path):
     runs["_dir"] = [str(tmp_path / str(i)) for i in runs.index]
     t = design_findings(runs, {"comprehensiveness": 0.5, "rationale_auprc": 0.01}).set_index("metric")
     assert not t.loc["comprehensiveness", "could_fail"]
-    assert "zero variance (add = 0.3 in every run)" in t.loc["comprehensiveness", "why_not"]
+    assert "zero variance: every run of add is 0.3" in t.loc["comprehensiveness", "why_not"]
     assert not t.loc["rationale_auprc", "could_fail"] and "no head-room" in t.loc["rationale_auprc", "why_not"]
     why = t.loc["identifiable_frac", "why_not"]
     assert "add's probes (25-61 tokens) all within its identifiable length 64" in why

@@ -101,8 +101,8 @@ def why_not(metric: str, arms: list[tuple[str, pd.DataFrame]], col: str, weights
             margin: float, floor: float | None) -> list[str]:
     """The reasons a row's test could not have failed (empty: it could)."""
     xs = [(name, g[col].dropna().to_numpy(float)) for name, g in arms]
-    flat = [f"{name} = {x[0]:.4g}" for name, x in xs if len(x) > 1 and np.ptp(x) == 0]
-    reasons = [f"zero variance ({', '.join(flat)} in every run)"] if flat else []
+    flat = [f"{name} is {x[0]:.4g}" for name, x in xs if len(x) > 1 and np.ptp(x) == 0]
+    reasons = [f"zero variance: every run of {', '.join(flat)}"] if flat else []
     means = np.array([x.mean() for _, x in xs if len(x)])
     reach = sum(w for w in weights if w > 0)
     if np.isfinite(margin) and len(means) == len(xs):
@@ -232,7 +232,7 @@ def explainer_findings(runs: pd.DataFrame, margins: dict[str, float]) -> pd.Data
             if metric in g and g[metric].notna().sum() >= 2:
                 x = g[metric].dropna().to_numpy(float)
                 est, se, dof = contrast([x], (1.0,))
-                reasons = why_not(metric, [("every run", g)], metric, (1.0,), np.nan, None)
+                reasons = why_not(metric, [("the study", g)], metric, (1.0,), np.nan, None)
                 rows.append(_row(data, "all", "-", metric, "level", {"estimate": est, **_tests(est, se, dof, np.nan)},
                                  reasons, str(len(x))))
     return pd.DataFrame(rows, columns=COLUMNS) if rows else None

@@ -90,8 +90,10 @@ def test_alti_hand_derived():
     torch.testing.assert_close(c[0], torch.tensor([1.0, 0.0], dtype=c.dtype))
 
 
-def alti_loops(x, mask, Wq, bq, Wk, bk, Wv, bv, Wo, bo, H, dk, dv, combine, gamma, eps):
-    """ALTI of one post-norm layer by explicit loops from its weights (nn.Linear layout: y = x W^T + b).
+def alti_loops(x, mask, Wq, bq, Wk, bk, Wv, bv, Wo, bo, H, dk, dv, combine, gamma, eps, beta):
+    """ALTI of one post-norm layer by explicit loops from its weights (nn.Linear layout: y = x W^T + b), as
+    Ferrando et al. (EMNLP 2022) define it: y_i is the LayerNorm's output gamma (z_i - mean z_i) / s_i + beta of
+    the residual sum z_i = x_i + sum_j u_ij + b_o, biases included; T_i(x_j) = gamma (u_ij - mean u_ij) / s_i.
     Per head h: q, k, v slices of width dk / dv; W_o^h = the columns h dv .. (h+1) dv of W_o (concat) or all of
     W_o (add, heads summed before it). Returns a (T, T) list of lists for one example."""
     T, d = x.shape
@@ -113,7 +115,7 @@ def alti_loops(x, mask, Wq, bq, Wk, bk, Wv, bv, Wo, bo, H, dk, dv, combine, gamm
         z = sum(u[i]) + bo
         s = math.sqrt(float(((z - z.mean()) ** 2).mean()) + eps)
         Ts = [gamma * (u[i][j] - u[i][j].mean()) / s for j in range(n)]
-        y = sum(Ts)
+        y = gamma * (z - z.mean()) / s + beta
         c = [max(0.0, float(y.abs().sum()) - float((y - t).abs().sum())) for t in Ts]
         if sum(c) == 0:  # every contribution clipped: the token keeps itself (docs/faithfulness.md)
             c[i] = 1.0
@@ -133,7 +135,8 @@ def test_alti_matches_loops_over_the_weights(head_combine, key_dim):
         for b in range(ids.shape[0]):
             ref = alti_loops(x[b], mask[b], a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias,
                              a.v_proj.weight, a.v_proj.bias, a.out_proj.weight, a.out_proj.bias, a.num_heads,
-                             a.key_dim, a.value_dim, head_combine, m.layers[0].norm1.weight, m.layers[0].norm1.eps)
+                             a.key_dim, a.value_dim, head_combine, m.layers[0].norm1.weight, m.layers[0].norm1.eps,
+                             m.layers[0].norm1.bias)
             torch.testing.assert_close(got[b], torch.tensor(ref, dtype=got.dtype), atol=1e-5, rtol=1e-4)
 
 
@@ -172,17 +175,39 @@ def test_rows_are_distributions_over_real_tokens(fn, head_combine, key_dim, norm
     torch.testing.assert_close(rows, mask[:, None, :].expand_as(rows).float())
 
 
-def test_alti_ignores_the_layer_norm_bias():
-    m = _model("add", 2, False, layers=1)
+@pytest.mark.parametrize("head_combine,key_dim,norm_first", DESIGNS)
+def test_alti_compares_with_the_block_output_biases_included(head_combine, key_dim, norm_first):
+    """ALTI's y_i is the block's own LayerNorm output (read by a hook on the model's module), biases included: its
+    contributions are those of the float64 definition with that y_i, and they move with the LayerNorm's beta and the
+    output bias; the bias-free variant (y_i = sum_j T_i(x_j)) does not, and differs from ALTI on these models."""
+    m = _model(head_combine, key_dim, norm_first, layers=1).double()
     ids, mask = _batch()
-    before = alti(m, ids, mask)
+    layer, seen = m.layers[0], {}
     with torch.no_grad():
-        m.layers[0].norm1.bias.add_(5.0)
-        m.layers[0].norm2.bias.add_(-3.0)
-    torch.testing.assert_close(alti(m, ids, mask), before)
-    with torch.no_grad():  # the check can fail: the LayerNorm's weight, unlike its bias, moves ALTI
-        m.layers[0].norm1.weight.mul_(torch.linspace(0.2, 2, 12))
-    assert not torch.allclose(alti(m, ids, mask), before, atol=1e-4)
+        blk = m.encoder_blocks(ids, mask)[0]
+        f = torch.einsum("bhtv,hvd->bhtd", blk.internals.values, blk.internals.out_proj)
+        Td = token_decomposition(blk.internals.attention, f, blk.x, blk.out_bias, blk.norm) * mask[:, None, :, None]
+        if norm_first:  # no LayerNorm on the residual sum: y_i = x_i + a_i, the model's own attention output
+            y = blk.x + layer.attn(layer.attention_input(blk.x), mask)[0]
+        else:
+            hook = layer.norm1.register_forward_hook(lambda mod, inp, out: seen.setdefault("y", out))
+            m(ids, mask)
+            hook.remove()
+            y = seen["y"]
+        c = (y.abs().sum(-1)[..., None] - (y[:, :, None] - Td).abs().sum(-1)).clamp_min(0)  # the paper's formula
+        empty = (c.sum(-1) == 0) & mask
+        c = c + torch.diag_embed(empty.double())
+        ref = c / c.sum(-1, keepdim=True)
+        got = alti(m, ids, mask)[:, 0].double()
+        pair = mask[:, :, None] & mask[:, None, :]
+        torch.testing.assert_close(got[pair], ref[pair], atol=1e-6, rtol=1e-5)
+        bias_free = alti_from_decomposition(Td)
+        bias_free = bias_free / bias_free.sum(-1, keepdim=True).clamp_min(1e-300)
+        assert (got[pair] - bias_free[pair]).abs().max() > 1e-3  # the check can fail: the two differ here
+        layer.attn.out_proj.bias.add_(1.0)  # the output bias moves y_i, hence ALTI (pre- and post-norm)
+        if not norm_first:
+            layer.norm1.bias.add_(-2.0)
+        assert not torch.allclose(alti(m, ids, mask)[:, 0].double()[pair], got[pair], atol=1e-4)
 
 
 def test_a_token_no_one_attends_to_keeps_only_its_residual_share():

@@ -20,6 +20,13 @@ When the runs are a 2x2 factorial of ``head_combine`` x value size (multirun_swe
 ``factorial.md``/``.csv`` replace ``faithfulness_designs.md``: the value-size (identifiability) and head-combination
 main effects, their interaction, TOST at the preset's margins and the ranges' superiority test (:mod:`.factorial`).
 
+Every study that compares arms also gets ``findings.md``/``.csv`` (:mod:`.findings`): one row per task, key size,
+explainer, metric and contrast, with the verdict its statistics give under one rule and whether the test could have
+failed. Every markdown table ends with a line naming the commits behind its runs (from ``metrics.json``'s
+``provenance``), marked **Mixed code** when they are several or dirty. ``--update-docs`` (no SWEEP_DIR) rebuilds
+every committed study's findings from docs/results/*/runs.tar.* and writes them into docs/results.md's findings blocks
+(:mod:`.docs`).
+
 A checkpoint is someone else's file: the runs' data is rebuilt from the data settings it holds as
 plain ``TextDataModule`` arguments (:func:`identifiable_transformers.modules.checkpoint.data_module_from_checkpoint`),
 never by instantiating its ``_target_``; a refused checkpoint skips that run's key-aware count with a

@@ -16,12 +16,15 @@ from pathlib import Path
 
 from ..common.errors import UserError, ensure_output_dir, user_error_message
 from ..common.files import DiskFullError, atomic_write
+from .code_note import code_note
 from .designs import write_design_comparison
+from .docs import update_docs
 from .equivalence import equivalence_table
 from .explainer_agreement import explainer_agreement
-from .factorial import is_factorial
+from .factorial import is_factorial, left_out_of_factorial
 from .factorial_markdown import write_factorial
 from .faithfulness import faithfulness_table, load_explanations, seed_agreement
+from .findings_markdown import write_findings
 from .key_aware import KEY_AWARE_LENGTHS, default_cache_dir, ensure_key_aware, key_aware_lengths, key_aware_table
 from .lengths import length_table
 from .markdown import markdown_table
@@ -30,7 +33,8 @@ from .run_files import default_key_aware_lengths, usable
 from .runs import GROUP, ReportWarning, expected_jobs, failed_jobs, load_runs, missing_jobs, summarise, to_markdown
 
 DESCRIPTION = ("Aggregate a sweep: python -m identifiable_transformers.report SWEEP_DIR [--out DIR] [--overwrite] "
-               "[--no-key-aware] [--key-aware-lengths N,N,...] [--cache-dir DIR]")
+               "[--no-key-aware] [--key-aware-lengths N,N,...] [--cache-dir DIR]; or rewrite docs/results.md's "
+               "findings from the committed runs: python -m identifiable_transformers.report --update-docs")
 # What a report writes first: a folder holding one already holds a report.
 REPORT_FILES = ("results.md", "results.csv")
 
@@ -44,7 +48,11 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m identifiable_transformers.report", description=DESCRIPTION)
-    parser.add_argument("sweep_dir", type=Path)
+    parser.add_argument("sweep_dir", type=Path, nargs="?")
+    parser.add_argument("--update-docs", action="store_true",
+                        help="rebuild every study's findings.md/.csv from its committed runs "
+                             "(docs/results/*/runs.tar.*) and write them into docs/results.md's findings blocks (run "
+                             "from the repository's root)")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: SWEEP_DIR)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the report already in the output directory (refused without it)")
@@ -72,6 +80,11 @@ def _lengths(text: str) -> tuple[int, ...]:
     return lengths
 
 
+def _noted(markdown: str, runs) -> str:
+    """A table with the line naming the code behind it (report/code_note.py)."""
+    return markdown + "\n" + code_note(runs) + "\n"
+
+
 def _report(args: argparse.Namespace) -> None:
     runs = load_runs(args.sweep_dir)
     failed = failed_jobs(args.sweep_dir)
@@ -91,29 +104,33 @@ def _report(args: argparse.Namespace) -> None:
     atomic_write(out / "results.csv", runs.drop(columns=["_dir", "_best_model_path"]).to_csv(index=False))
     footnote = f"\nFailed jobs (no metrics.json, left out): {', '.join(failed)}\n" if failed else ""
     footnote += f"\nMissing jobs (listed in multirun.yaml, no folder): {', '.join(missing)}\n" if missing else ""
-    atomic_write(out / "results.md", to_markdown(table) + footnote)
+    atomic_write(out / "results.md", _noted(to_markdown(table), runs) + footnote)
     written = [out / "results.md", out / "results.csv"]
     faith = faithfulness_table(runs)
     notes: list[str] = []
     if faith is not None:
         atomic_write(out / "faithfulness.csv", faith.to_csv(index=False))
-        atomic_write(out / "faithfulness.md", markdown_table(faith, GROUP + ["explainer"]))
+        atomic_write(out / "faithfulness.md", _noted(markdown_table(faith, GROUP + ["explainer"]), runs))
         if is_factorial(runs):  # head_combine alone no longer names the design: the factorial's contrasts instead
+            odd = left_out_of_factorial(runs)
+            if odd:
+                warnings.warn(odd, ReportWarning, stacklevel=2)
             written += write_factorial(runs, out)
         else:
             written += write_design_comparison(runs, out)  # pooled over key sizes, and per key size where both ran
+        written += write_findings(runs, out)  # the verdicts of the tables above, under one rule
         explained = runs[usable(runs, "explanations.json")]  # each damaged file warned about once
         load = functools.cache(load_explanations)  # read once, for the seed and the explainer agreement
         agreement, notes = seed_agreement(explained, load)
         written += [out / "faithfulness.md", out / "faithfulness.csv"]
         if agreement is not None:
             atomic_write(out / "seed_agreement.csv", agreement.to_csv(index=False))
-            atomic_write(out / "seed_agreement.md", markdown_table(agreement, GROUP + ["explainer"]))
+            atomic_write(out / "seed_agreement.md", _noted(markdown_table(agreement, GROUP + ["explainer"]), explained))
             written += [out / "seed_agreement.md", out / "seed_agreement.csv"]
         closeness = explainer_agreement(explained, load)
         if closeness is not None:  # how close attention comes to value zeroing and ALTI
             atomic_write(out / "explainer_agreement.csv", closeness.to_csv(index=False))
-            atomic_write(out / "explainer_agreement.md", markdown_table(closeness, GROUP + ["pair"]))
+            atomic_write(out / "explainer_agreement.md", _noted(markdown_table(closeness, GROUP + ["pair"]), explained))
             written += [out / "explainer_agreement.md", out / "explainer_agreement.csv"]
         if out / "faithfulness_designs.md" not in written and set(runs["head_combine"]) >= {"add", "concat"} \
                 and not is_factorial(runs):
@@ -122,12 +139,12 @@ def _report(args: argparse.Namespace) -> None:
     ranges = equivalence_table(runs)
     if ranges is not None:  # how far explanations move at a fixed output (docs/identifiability.md 2.8)
         atomic_write(out / "equivalence.csv", ranges.to_csv(index=False))
-        atomic_write(out / "equivalence.md", markdown_table(ranges, GROUP))
+        atomic_write(out / "equivalence.md", _noted(markdown_table(ranges, GROUP), runs))
         written += [out / "equivalence.md", out / "equivalence.csv"]
     lengths_table = length_table(runs)
     if lengths_table is not None:  # identifiability and faithfulness per cumulative length bin
         atomic_write(out / "lengths.csv", lengths_table.to_csv(index=False))
-        atomic_write(out / "lengths.md", markdown_table(lengths_table, GROUP + ["length_le"], digits=3))
+        atomic_write(out / "lengths.md", _noted(markdown_table(lengths_table, GROUP + ["length_le"], digits=3), runs))
         written += [out / "lengths.md", out / "lengths.csv"]
     targets = args.key_aware_lengths
     if targets is None:
@@ -147,7 +164,7 @@ def _report(args: argparse.Namespace) -> None:
             out / "key_aware.md",
             markdown_table(ka, GROUP + ["n"], digits=1)
             + "\n\nKey-aware identifiable length (longest tested n with no generatable alternative in any head):\n\n"
-            + markdown_table(lengths, list(lengths.columns)))
+            + _noted(markdown_table(lengths, list(lengths.columns)), ka_runs))
         written += [out / "key_aware.md", out / "key_aware.csv", out / "key_aware_length.csv"]
         plots += plot_key_aware(ka, out)
     for note in notes:
@@ -173,7 +190,14 @@ def main(argv: list[str] | None = None) -> int:
         warnings.simplefilter("always", ReportWarning)
         warnings.showwarning = show
         try:
-            _report(args)
+            if args.update_docs:
+                if args.sweep_dir is not None:
+                    raise UserError("--update-docs reads the committed runs under docs/results/: pass no SWEEP_DIR")
+                print("updated " + ", ".join(str(p) for p in update_docs()))
+            elif args.sweep_dir is None:
+                raise UserError("pass the directory of a finished sweep (SWEEP_DIR), or --update-docs")
+            else:
+                _report(args)
         except Exception as ex:
             message = user_error_message(ex)
             if message is None or os.environ.get("HYDRA_FULL_ERROR") == "1":

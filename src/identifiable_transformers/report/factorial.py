@@ -79,15 +79,36 @@ def _levels(runs: pd.DataFrame) -> pd.Series:
     return np.where(runs["value_dim"] == small, "S", "L")
 
 
+def in_factorial(runs: pd.DataFrame) -> pd.Series:
+    """Which runs are cells of a 2x2 factorial: per data set, the runs of the two value sizes that were run with both
+    head combinations (a data set with one such value size, or more than two, has no factorial)."""
+    keep = pd.Series(False, index=runs.index)
+    if not {"head_combine", "value_dim", "data"} <= set(runs.columns):
+        return keep
+    for _, g in runs.groupby("data"):
+        both = [v for v, gv in g.groupby("value_dim") if set(gv["head_combine"]) >= {"add", "concat"}]
+        if len(both) == 2:
+            keep[g.index[g["value_dim"].isin(both) & g["head_combine"].isin(["add", "concat"])]] = True
+    return keep
+
+
 def is_factorial(runs: pd.DataFrame) -> bool:
     """Whether some data set ran all four cells: both head combinations at each of two value sizes."""
-    if not {"head_combine", "value_dim", "data"} <= set(runs.columns):
-        return False
-    for _, g in runs.groupby("data"):
-        if g["value_dim"].nunique() == 2 and len(set(zip(g["head_combine"], g["value_dim"]))) == 4 \
-                and set(g["head_combine"]) == {"add", "concat"}:
-            return True
-    return False
+    return bool(in_factorial(runs).any())
+
+
+def left_out_of_factorial(runs: pd.DataFrame) -> str | None:
+    """The runs a factorial report leaves out (another design, a third value size, a data set without all four
+    cells), named with their settings; None when there are none or no factorial."""
+    keep = in_factorial(runs)
+    if not keep.any() or keep.all():
+        return None
+    odd = runs[~keep]
+    names = "; ".join(f"{r['run']} ({r['data']}, head_combine={r['head_combine']}, value_dim={r['value_dim']}, "
+                      f"key_dim={r['key_dim']})" for _, r in odd.iterrows())
+    cells = "; ".join(f"{data}: value_dim {sorted(set(g['value_dim']))}" for data, g in runs[keep].groupby("data"))
+    return (f"{len(odd)} run(s) are not cells of the 2x2 factorial ({cells}) and are left out of factorial.md and "
+            f"findings: {names}. Report them separately (move them to another folder) if they are another study")
 
 
 def _columns(runs: pd.DataFrame) -> list[tuple[str, str, str]]:
@@ -125,6 +146,7 @@ def factorial_table(runs: pd.DataFrame, margins: dict[str, float] | None = None)
     least two runs each. ``None`` unless the runs are a factorial (:func:`is_factorial`)."""
     if not is_factorial(runs):
         return None
+    runs = runs[in_factorial(runs)]
     runs = runs.assign(_v=_levels(runs))
     margins = margins or {}
     rows = []
@@ -150,8 +172,11 @@ def range_superiority(runs: pd.DataFrame) -> pd.DataFrame | None:
     of "the non-identifiable arms' spreads are larger". ``None`` without range metrics or a factorial."""
     from scipy import stats
 
+    if not is_factorial(runs):
+        return None
+    runs = runs[in_factorial(runs)]
     spreads = range_columns(runs)
-    if spreads.empty or not is_factorial(runs):
+    if spreads.empty:
         return None
     runs = pd.concat([runs.assign(_v=_levels(runs)), spreads.add_prefix("_r:")], axis=1)
     w = tuple(-x for x in CONTRASTS["value_size"])

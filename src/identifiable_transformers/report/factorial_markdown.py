@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 
 from ..common.files import atomic_write
+from .code_note import code_note
 from .designs import equivalence_margins
-from .factorial import CELLS, factorial_table, head_room, per_key_outside, range_superiority, tv_ceiling
+from .factorial import CELLS, factorial_table, head_room, in_factorial, per_key_outside, range_superiority, tv_ceiling
 
 
 def _f(x: float) -> str:
@@ -88,6 +89,7 @@ def factorial_markdown(table: pd.DataFrame, ranges: pd.DataFrame | None, outside
 def write_factorial(runs: pd.DataFrame, out: Path) -> list[Path]:
     """``factorial.md`` and ``factorial.csv`` (the contrasts; the range superiority tests go to
     ``factorial_ranges.csv``) when the runs are a factorial; returns the files written."""
+    runs = runs[in_factorial(runs)]  # the others: named by the caller (factorial.left_out_of_factorial)
     margins = equivalence_margins(runs)
     table = factorial_table(runs, margins)
     if table is None:
@@ -99,5 +101,5 @@ def write_factorial(runs: pd.DataFrame, out: Path) -> list[Path]:
         atomic_write(out / "factorial_ranges.csv", ranges.to_csv(index=False))
         written.append(out / "factorial_ranges.csv")
     md = factorial_markdown(table, ranges, per_key_outside(table), head_room(table, runs), tv_ceiling(runs), margins)
-    atomic_write(out / "factorial.md", md)
+    atomic_write(out / "factorial.md", md + "\n" + code_note(runs) + "\n")
     return written

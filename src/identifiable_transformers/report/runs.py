@@ -125,6 +125,9 @@ def _row(result: dict, run: str, run_dir: Path) -> dict:
         "key_dim": model["key_dim"] or d // h,
         "value_dim": model["value_dim"] or (d // h if combine == "concat" else d),
         "best_epoch": result.get("best_epoch"),
+        # the code that produced the run (run/provenance.py); None for runs written before metrics.json recorded it
+        "commit": (result.get("provenance") or {}).get("commit"),
+        "dirty": (result.get("provenance") or {}).get("dirty"),
         "runtime_s": result.get("runtime_s"),
         **{col: metrics.get(key) for col, key in COLUMNS.items()},
         **{k[len("val/"):]: v for k, v in sorted(metrics.items())

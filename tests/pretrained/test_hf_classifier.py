@@ -248,3 +248,23 @@ def test_relative_and_windowed_positions_do_not_keep_positions():
     from identifiable_transformers.hf.adapters import FAMILIES as ADAPTERS
 
     assert {f.name for f in ADAPTERS if f.positions is None} == {"deberta-v2", "modernbert"}
+
+
+@pytest.mark.parametrize("fields, pairs", [(["text"], False), (["premise", "hypothesis"], True)])
+def test_model_pretrained_reads_segments_only_from_pair_data(bert_classifier, fields, pairs):
+    """model=pretrained: a single text holding [SEP] keeps the tokenizer's token types (all 0); two text fields are
+    the tokenizer's pair (1 after the first [SEP])."""
+    from transformers import AutoTokenizer
+
+    from identifiable_transformers.hf.module import PretrainedTextClassifier
+
+    folder, _ = bert_classifier
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    module = PretrainedTextClassifier(str(folder), num_classes=2, tokenizer_json=tokenizer.backend_tokenizer.to_str(),
+                                      data_cfg={"text_fields": fields})
+    enc = tokenizer("the film [SEP] was good", return_tensors="pt") if not pairs else tokenizer(
+        "the film", "was good", return_tensors="pt")
+    types = module.model.token_types(enc["input_ids"], enc["attention_mask"].bool())
+    assert enc["input_ids"][0].tolist().count(tokenizer.sep_token_id) == 2
+    assert (types is None and not enc["token_type_ids"].any()) if not pairs else types.tolist() == enc[
+        "token_type_ids"].tolist()

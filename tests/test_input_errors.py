@@ -99,3 +99,51 @@ def test_analyze_text_with_nothing_left_through_the_command_line(tiny_ckpt, tmp_
     assert proc.stderr.splitlines()[-1] == ("Error: text has no token left after the tokenizer's normalisation "
                                             "(entries [0]: '<br />'): pass a text with words in it"), proc.stderr
     assert "Traceback" not in proc.stderr  # (the line before it: the checkpoint has no .sha256, a warning)
+
+
+def test_a_texts_file_with_a_byte_order_mark_and_crlf_reads_as_its_lines(tiny_ckpt, tmp_path, run_analyze, monkeypatch):
+    """The mark is not a token (it used to become <unk> in example 0), and \\r\\n ends a line."""
+    from identifiable_transformers.data.tokenizer import tokenizer_from_str
+    from identifiable_transformers.diagnostics.render import report_html
+    from identifiable_transformers.loading import load_module
+
+    seen = {}
+    monkeypatch.setattr(report_html, "build_report", lambda model, ids, mask, out, **kw: seen.update(kw) or out)
+    texts = tmp_path / "texts.txt"
+    texts.write_bytes(b"\xef\xbb\xbfa fine film\r\n\r\nfine and dull\r\n")
+    run_analyze([f"ckpt_path={tiny_ckpt}", f"texts_file={texts}", f"output_dir={tmp_path / 'out'}"])
+    tok = tokenizer_from_str(load_module(tiny_ckpt).hparams.tokenizer_json)
+    assert seen["tokens"] == [tok.encode(t).tokens for t in ("a fine film", "fine and dull")]
+    assert seen["texts"] == ["a fine film", "fine and dull"]
+
+
+def test_a_pair_for_the_projects_encoder_is_joined_as_its_data_joins_fields(tiny_ckpt, tmp_path, run_analyze,
+                                                                             monkeypatch):
+    from identifiable_transformers.data.tokenizer import tokenizer_from_str
+    from identifiable_transformers.diagnostics.render import report_html
+    from identifiable_transformers.loading import load_module
+
+    seen = {}
+    monkeypatch.setattr(report_html, "build_report", lambda model, ids, mask, out, **kw: seen.update(kw) or out)
+    run_analyze([f"ckpt_path={tiny_ckpt}", 'text=[["a fine film", "dull"]]', f"output_dir={tmp_path / 'out'}"])
+    tok = tokenizer_from_str(load_module(tiny_ckpt).hparams.tokenizer_json)
+    assert seen["tokens"] == [tok.encode("a fine film . dull").tokens]  # data.text_separator's default, " . "
+
+
+def test_a_max_length_past_the_positions_names_analyze_pys_key(tiny_ckpt, tmp_path, run_analyze):
+    with pytest.raises(ValueError, match=rf"^max_length=17 is longer than the 16 tokens ckpt_path={tiny_ckpt} has "
+                                         "positions for: pass max_length=16 or less$"):
+        run_analyze([f"ckpt_path={tiny_ckpt}", "text=a fine film", "max_length=17", f"output_dir={tmp_path / 'o'}"])
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_failed_run_through_the_command_line_leaves_no_folder(tiny_ckpt, tmp_path):
+    out = tmp_path / "reports" / "first"
+    proc = run_cli(
+        [sys.executable, str(ROOT / "analyze.py"), f"ckpt_path={tiny_ckpt}", "text=a fine film", "max_length=1",
+         f"output_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}"],
+        cwd=tmp_path, timeout=300, env={**os.environ, "HYDRA_FULL_ERROR": ""})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1] == ("Error: max_length=1 leaves no word of the text (entries [0]; the model "
+                                            "would see only <cls>): pass max_length>=2"), proc.stderr
+    assert not (tmp_path / "reports").exists()

@@ -148,6 +148,40 @@ def test_pooling_follows_a_sentence_transformers_declaration(tiny_bert, tmp_path
     assert build_pretrained_classifier(str(folder), 2, pooling="cls").pooling == "cls"  # model.pooling overrides
 
 
+def test_load_hf_classifier_pools_as_a_sentence_transformers_folder_declares(tiny_bert, tmp_path):
+    """Through load_hf_classifier itself (analyze.py hf_model=...): a bare encoder whose modules.json declares mean
+    pooling explains the mean of the real queries' rows (the attention explainer against the Hugging Face model's
+    own last-layer maps), not [CLS]'s; pooling= overrides the declaration."""
+    import json
+    import shutil
+
+    from transformers import AutoModel, AutoTokenizer
+
+    from identifiable_transformers.diagnostics.faithfulness.explainers import _attention_explainers
+
+    folder = shutil.copytree(tiny_bert, tmp_path / "st")
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": False,
+                                                                  "pooling_mode_mean_tokens": True}))
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    model, _ = load_hf_classifier(str(folder))
+    assert type(model).__name__ == "EncoderOnly" and model.pooling == "mean"
+    assert load_hf_classifier(str(folder), pooling="cls")[0].pooling == "cls"
+    assert load_hf_classifier(str(tiny_bert))[0].pooling == "cls"  # nothing declared
+    enc = AutoTokenizer.from_pretrained(folder)(["the film was good and fun", "bad"], padding=True,
+                                                return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"].bool()
+    with torch.no_grad():
+        maps = AutoModel.from_pretrained(folder, attn_implementation="eager")(
+            **enc, output_attentions=True).attentions[-1].mean(1)  # (B, T, T), heads averaged
+    m = mask.double()[:, :, None]
+    want = (maps.double() * m).sum(1) / m.sum(1)  # the mean over the real queries' rows
+    got = _attention_explainers(model, ids, mask, ["attention"])["attention"]  # explain()'s, without a prediction
+    torch.testing.assert_close(got.double() * mask, want * mask, rtol=0, atol=1e-6)
+
+
 def test_keep_head_fine_tunes_the_checkpoints_own_head(bert_classifier):
     from identifiable_transformers.hf.module import PretrainedTextClassifier
 
@@ -214,3 +248,23 @@ def test_relative_and_windowed_positions_do_not_keep_positions():
     from identifiable_transformers.hf.adapters import FAMILIES as ADAPTERS
 
     assert {f.name for f in ADAPTERS if f.positions is None} == {"deberta-v2", "modernbert"}
+
+
+@pytest.mark.parametrize("fields, pairs", [(["text"], False), (["premise", "hypothesis"], True)])
+def test_model_pretrained_reads_segments_only_from_pair_data(bert_classifier, fields, pairs):
+    """model=pretrained: a single text holding [SEP] keeps the tokenizer's token types (all 0); two text fields are
+    the tokenizer's pair (1 after the first [SEP])."""
+    from transformers import AutoTokenizer
+
+    from identifiable_transformers.hf.module import PretrainedTextClassifier
+
+    folder, _ = bert_classifier
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    module = PretrainedTextClassifier(str(folder), num_classes=2, tokenizer_json=tokenizer.backend_tokenizer.to_str(),
+                                      data_cfg={"text_fields": fields})
+    enc = tokenizer("the film [SEP] was good", return_tensors="pt") if not pairs else tokenizer(
+        "the film", "was good", return_tensors="pt")
+    types = module.model.token_types(enc["input_ids"], enc["attention_mask"].bool())
+    assert enc["input_ids"][0].tolist().count(tokenizer.sep_token_id) == 2
+    assert (types is None and not enc["token_type_ids"].any()) if not pairs else types.tolist() == enc[
+        "token_type_ids"].tolist()

@@ -100,7 +100,8 @@ def _resolve_file(path: str | os.PathLike, param: str) -> Path:
 
 
 def read_table(path: str | os.PathLike, param: str = "train_file") -> RawSplit:
-    """Read a CSV/TSV (header row), JSON (records array or JSON lines), JSONL or parquet file.
+    """Read a CSV/TSV (header row), JSON (records array or JSON lines), JSONL or parquet file; text files are UTF-8,
+    with or without a byte-order mark (``utf-8-sig``: the mark is not part of the first column's name or value).
 
     CSV/TSV cells are read as strings with no NA guessing (a review reading "NA" stays text);
     empty cells are empty strings.
@@ -118,17 +119,17 @@ def read_table(path: str | os.PathLike, param: str = "train_file") -> RawSplit:
         if fmt in ("csv", "tsv"):
             df = pd.read_csv(
                 p, sep="," if fmt == "csv" else "\t", dtype=str, keep_default_na=False,
-                na_values=[], encoding="utf-8",
+                na_values=[], encoding="utf-8-sig",
             )
             offset = 2
         elif fmt == "jsonl":
-            df = pd.read_json(p, lines=True, encoding="utf-8", dtype=False)
+            df = pd.read_json(p, lines=True, encoding="utf-8-sig", dtype=False)
             offset = 1
         elif fmt == "json":
-            with open(p, encoding="utf-8") as f:
+            with open(p, encoding="utf-8-sig") as f:
                 head = f.read(4096).lstrip()
             lines = not head.startswith("[")
-            df = pd.read_json(p, lines=lines, encoding="utf-8", dtype=False)
+            df = pd.read_json(p, lines=lines, encoding="utf-8-sig", dtype=False)
             offset = 1 if lines else None
         else:
             df = pd.read_parquet(p)
@@ -149,7 +150,7 @@ def read_classic_csv(path: Path, param: str, text_columns: list[str] | None) -> 
     """Zhang et al. (2015) layout: no header; column 0 = 1-based label, then text columns."""
     _check_utf8(path, param)
     try:
-        df = pd.read_csv(path, header=None, dtype=str, keep_default_na=False, na_values=[], encoding="utf-8")
+        df = pd.read_csv(path, header=None, dtype=str, keep_default_na=False, na_values=[], encoding="utf-8-sig")
     except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
         raise ValueError(
             f"{param}={str(path)!r} could not be parsed as a classic CSV (no header; label, text...): {e}."

@@ -10,8 +10,9 @@ diagnostics treat as ``<cls>``. ``vocab_size`` and ``min_frequency`` are not use
 
 Two text fields (``data.text_fields=[premise, hypothesis]``) are encoded as the tokenizer's pair, as the
 checkpoint was trained: ``[CLS] a [SEP] b [SEP]`` (RoBERTa: ``<s> a </s></s> b </s>``), truncated longest-first;
-the model derives the ``token_type_ids`` from the separator (``PretrainedClassifier.token_types``). Three or more
-fields are joined with ``text_separator`` as for the project's own tokenizer.
+the model derives the ``token_type_ids`` from the separator (``PretrainedClassifier.token_types``). One text field
+gives every token type 0, as the tokenizer does, even where the text holds a [SEP] itself (``read_pairs``). Three or
+more fields are joined with ``text_separator`` as for the project's own tokenizer.
 """
 
 from __future__ import annotations

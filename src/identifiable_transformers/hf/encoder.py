@@ -79,6 +79,7 @@ class PretrainedClassifier(nn.Module):
         self.key_dim = self.value_dim = out.in_features // self.num_heads
         self.head_combine = "concat"
         self.sep_id: int | None = None  # set for pair inputs: token types follow the first separator (token_types)
+        self._separator: int | None = None  # the tokenizer's separator, whether or not the inputs are pairs
         # Token ids the faithfulness explainers neither score nor erase, like <cls> (the special tokens by default:
         # set_tokenizer); empty: every real token but the first is scored.
         self.pinned_ids: tuple[int, ...] = ()
@@ -91,11 +92,19 @@ class PretrainedClassifier(nn.Module):
             if family.install is not None:  # a family outside AttentionInterface (DeBERTa): tap its softmax maps
                 family.install(attn)
 
-    def set_tokenizer(self, tokenizer: Tokenizer, score_special_tokens: bool = False) -> None:
+    def set_tokenizer(self, tokenizer: Tokenizer, score_special_tokens: bool = False, pairs: bool = True) -> None:
         """What the model reads from its tokenizer (a ``tokenizers.Tokenizer``): the separator that starts a pair's
-        second segment, and the special tokens explanations leave out (all scored with ``score_special_tokens``)."""
-        self.sep_id = separator_id(tokenizer)
+        second segment (see :meth:`read_pairs`), and the special tokens explanations leave out (all scored with
+        ``score_special_tokens``)."""
+        self._separator = separator_id(tokenizer)
         self.pinned_ids = () if score_special_tokens else special_token_ids(tokenizer)
+        self.read_pairs(pairs)
+
+    def read_pairs(self, pairs: bool) -> None:
+        """Whether the inputs are sentence pairs, whose second segment (token type 1) follows the first separator.
+        The ids cannot tell: ``[CLS] a [SEP] b [SEP]`` is the pair (a, b) and also the one text ``"a [SEP] b"``, to
+        which the tokenizer gives token types 0 throughout. With ``pairs=False`` every token has type 0."""
+        self.sep_id = self._separator if pairs else None
 
     # ------------------------------------------------------------------------------------ views
     @property

@@ -160,6 +160,16 @@ def has_classification_head(config) -> bool:
     return any(str(a).endswith("ForSequenceClassification") for a in (getattr(config, "architectures", None) or ()))
 
 
+def head_of_another_task(config) -> str | None:
+    """The architecture of a checkpoint saved with a task head other than sentence classification
+    (``BertForTokenClassification``, ``BertForMaskedLM``, ``BertLMHeadModel``), else None (a bare encoder, or a
+    ``*ForSequenceClassification``)."""
+    if has_classification_head(config):
+        return None
+    other = [str(a) for a in (getattr(config, "architectures", None) or ()) if "For" in str(a) or "LMHead" in str(a)]
+    return other[0] if other else None
+
+
 def _cached_file(name_or_path: str, filename: str) -> Path | None:
     """``filename`` inside a local folder, or inside a hub id's cached snapshot (never downloaded)."""
     if is_local(name_or_path):

@@ -15,6 +15,16 @@ from .encoder import build_pretrained_classifier
 from .sequence_classifier import build_checkpoint_classifier
 
 
+def _reads_pairs(data_cfg: dict | None) -> bool:
+    """Whether the data module encodes sentence pairs (``PretrainedTextDataModule.pairs``: two text fields, not the
+    classic CSV layout): only then does a [SEP] start a second segment; a single text holding [SEP] keeps token
+    type 0 throughout, as the tokenizer gives it. Without the data's settings, pairs (the rule before this one)."""
+    if not data_cfg:
+        return True
+    fields = data_cfg.get("text_fields") or ["text"]
+    return len([fields] if isinstance(fields, str) else fields) == 2 and not data_cfg.get("data_dir")
+
+
 class PretrainedTextClassifier(ClassifierModule):
     def __init__(
         self,
@@ -51,7 +61,8 @@ class PretrainedTextClassifier(ClassifierModule):
             self.model = build_pretrained_classifier(name_or_path, num_classes, pooling=pooling, dropout=dropout,
                                                      pad_id=pad_id, max_len=max_len, hf_config=hf_config)
         if tokenizer_json:
-            self.model.set_tokenizer(Tokenizer.from_str(tokenizer_json), score_special_tokens)
+            self.model.set_tokenizer(Tokenizer.from_str(tokenizer_json), score_special_tokens,
+                                     pairs=_reads_pairs(data_cfg))
         config = self.model.encoder.config
         rows = self.model.token_embedding.num_embeddings
         if vocab_size is not None and vocab_size > rows:

@@ -8,7 +8,8 @@
   ``model=pretrained``;
 - a bare encoder (``AutoModel`` only) becomes an :class:`EncoderOnly`: identifiability, effective attention,
   key-aware counts and the maps work; it makes no prediction, so asking it for logits (faithfulness,
-  adversarial search) ends with one line saying why.
+  adversarial search) ends with one line saying why. A checkpoint whose head is of another task
+  (``*ForTokenClassification``, ``*ForMaskedLM``, ...) is read the same way, its head left out with a warning.
 
 Both are :class:`~.encoder.PretrainedClassifier` s (same views, ``attention_internals``, ``override_attention``),
 so every diagnostic that reads a ``model=pretrained`` model reads these.
@@ -103,20 +104,31 @@ class EncoderOnly(PretrainedClassifier):
     logits_from_last_layer = None
 
     def __init__(self, encoder: nn.Module, family: Family, name: str, pooling: str = "cls",
-                 pad_id: int | None = None, max_len: int | None = None):
+                 pad_id: int | None = None, max_len: int | None = None, left_out: str | None = None):
         nn.Module.__init__(self)
         if getattr(encoder.config, "_attn_implementation", None) != ATTENTION:
             raise ValueError(f"the encoder must be built with attn_implementation={ATTENTION!r}")
         self.encoder, self.family, self.pooling, self.name = encoder, family, pooling, name
+        self.left_out = left_out  # the checkpoint's head of another task (BertForTokenClassification), not loaded
         self._read_encoder(encoder, pad_id, max_len)
         self.label_names = None
 
     @property
+    def why_no_prediction(self) -> str:
+        """Why the model makes no prediction, as a report says it."""
+        if self.left_out:
+            return (f"the checkpoint's head is a {self.left_out}, of another task than sentence classification; it "
+                    "was left out and the encoder is read alone")
+        return "the model is an encoder without a classification head"
+
+    @property
     def no_head(self) -> str:
-        return (f"{self.name} is a bare encoder (saved without a *ForSequenceClassification head): it makes no "
-                "prediction, so there is nothing for the faithfulness explainers or the adversarial search to "
-                "explain; its attention identifiability and maps work (analyze.py with text=... or texts_file=...), "
-                "or fine-tune a head first (train.py model=pretrained)")
+        what = (f"{self.name} has a {self.left_out} head, of another task (left out: only a "
+                "*ForSequenceClassification head makes a sentence prediction)" if self.left_out else
+                f"{self.name} is a bare encoder (saved without a *ForSequenceClassification head)")
+        return (f"{what}: it makes no prediction, so there is nothing for the faithfulness explainers or the "
+                "adversarial search to explain; its attention identifiability and maps work (analyze.py with "
+                "text=... or texts_file=...), or fine-tune a head first (train.py model=pretrained)")
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 output_attentions: bool = False, *, placed: dict | None = None) -> ClassifierOutput:
@@ -158,9 +170,13 @@ def load_hf_classifier(name_or_path: str, *, pooling: str | None = None, max_len
             pooling = hf_loading.declared_pooling(name_or_path) or "cls"
         if pooling not in POOLINGS:
             raise ValueError(f"pooling={pooling!r} is unknown; use one of {list(POOLINGS)}")
+        left_out = hf_loading.head_of_another_task(config)
+        if left_out:
+            log.warning("%s=%s has a %s head, of another task than sentence classification: it is left out and the "
+                        "encoder is read alone (identifiability and maps; no prediction)", what, name_or_path, left_out)
         encoder = hf_loading.load_weights(name_or_path, what, attn_implementation=ATTENTION)
         model = EncoderOnly(encoder, family, f"{what}={name_or_path}", pooling=pooling, pad_id=pad_id,
-                            max_len=max_len)
+                            max_len=max_len, left_out=left_out)
     model.set_tokenizer(tokenizer.backend_tokenizer, score_special_tokens)
     return model.eval(), tokenizer
 

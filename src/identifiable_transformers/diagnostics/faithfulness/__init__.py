@@ -23,8 +23,8 @@ The code is split by concept: ``explainers`` (the scores), ``erasure`` (comprehe
 flip fraction), ``agreement`` (Kendall tau), ``uniform`` (the uniform-attention control), ``report``
 (faithfulness_report), ``context_mixing`` (value zeroing, ALTI, the norm with residual and LayerNorm),
 ``plausibility`` (scores against rationales), ``random_control`` (the
-per-example seeded random order), ``adversarial`` (the search and the simplex projection), ``readout`` (how the
-masked copies run) and ``_common`` (shared helpers).
+per-example seeded random order), ``tiers`` (what an analysis computes), ``adversarial`` (the search and the
+simplex projection), ``readout`` (how the masked copies run) and ``_common`` (shared helpers).
 """
 
 from ...data.rationales import rationale_mask  # the batches' mask, one definition for data and diagnostics
@@ -32,19 +32,11 @@ from .adversarial import adversarial_attention, project_simplex
 from .agreement import kendall_tau_b
 from .context_mixing import CONTEXT_MIXING, alti, context_mixing_name, norm_resln, rollout_maps, value_zeroing
 from .erasure import AOPC_BINS
-from .explainers import (
-    CHEAP_EXPLAINERS,
-    EXPLAINERS,
-    FAST_EXPLAINERS,
-    TIERS,
-    explain,
-    integrated_gradients,
-    resolve_explainers,
-    unknown_explainers,
-)
+from .explainers import CHEAP_EXPLAINERS, EXPLAINERS, explain, integrated_gradients, unknown_explainers
 from .plausibility import PLAUSIBILITY_METRICS, average_precision, plausibility_metrics
 from .random_control import RANDOM_DRAWS, random_draws, random_scores
 from .report import METRICS, faithfulness_report
+from .tiers import FAST_EXPLAINERS, TIERS, Tier, resolve_explainers, resolve_tier
 from .uniform import uniform_attention_logits
 
 __all__ = [
@@ -57,6 +49,7 @@ __all__ = [
     "PLAUSIBILITY_METRICS",
     "RANDOM_DRAWS",
     "TIERS",
+    "Tier",
     "adversarial_attention",
     "alti",
     "average_precision",
@@ -71,6 +64,7 @@ __all__ = [
     "random_draws",
     "random_scores",
     "resolve_explainers",
+    "resolve_tier",
     "rollout_maps",
     "rationale_mask",
     "uniform_attention_logits",

@@ -16,23 +16,6 @@ from .readout import _masked_probs
 EXPLAINERS = ("attention", "effective", "norm", "rollout", "value_zeroing", "alti", "norm_resln", "grad_input",
               "integrated_gradients", "loo", "random")
 CHEAP_EXPLAINERS = tuple(e for e in EXPLAINERS if e != "integrated_gradients")
-FAST_EXPLAINERS = ("attention", "effective", "norm", "rollout", "alti", "norm_resln", "grad_input", "random")
-TIERS = {"all": EXPLAINERS, "cheap": CHEAP_EXPLAINERS, "fast": FAST_EXPLAINERS}
-
-
-def resolve_explainers(spec: str | Sequence[str]) -> tuple[str, ...]:
-    """A tier name (``TIERS``: "all", "cheap", "fast") or a list of explainer names -> the names, checked."""
-    if isinstance(spec, str):
-        if spec not in TIERS:
-            raise ValueError(f"explainers={spec!r} is neither a tier ({', '.join(TIERS)}) nor a list of explainers: "
-                             f"pass e.g. explainers=fast or 'explainers=[attention,loo]'")
-        return TIERS[spec]
-    names = tuple(str(e) for e in spec)
-    unknown = unknown_explainers(names)
-    if unknown or not names:
-        raise ValueError(f"explainers: unknown {unknown or 'empty list'}; use a tier ({', '.join(TIERS)}) or some of "
-                         f"{list(EXPLAINERS)}")
-    return names
 
 
 def unknown_explainers(names: Sequence[str]) -> list[str]:

@@ -21,7 +21,8 @@ table{border-collapse:collapse;margin:.5em 0 1em}td,th{border:1px solid #ccc;pad
 th{background:#f3f3f3}td.l,th.l{text-align:left}.ok{color:#17702a;font-weight:600}.bad{color:#b3261e;font-weight:600}
 .text{background:#f7f7f7;padding:.6em;border-left:3px solid #999;white-space:pre-wrap;max-height:12em;overflow:auto}
 img{max-width:100%;border:1px solid #ddd}code{background:#f3f3f3;padding:0 3px}
-td.strip{text-align:left;line-height:1.9}.tok{padding:1px 2px;margin:0 1px;border-radius:2px}
+td.strip{text-align:left;line-height:1.9}.tok{display:inline-block;line-height:1.3;padding:1px 2px;margin:1px;
+  border-radius:2px}
 .rat{border-bottom:3px solid #222}
 .overview{margin:.6em 0 .4em}.ovbar{margin:.3em 0;font-size:14px}.ovbar select{font-size:14px}
 table.ov{border-collapse:separate;border-spacing:2px;margin:.2em 0}
@@ -242,7 +243,9 @@ function show(b, l, h) {
 
 function route(scroll) {
   const m = /^#ex(\d+)-l(\d+)-h(\d+)$/.exec(location.hash);
-  if (m && show(+m[1], +m[2], +m[3]) && scroll) (document.getElementById(`ex${m[1]}`) || overview(+m[1])).scrollIntoView();
+  if (m && show(+m[1], +m[2], +m[3]) && scroll) {
+    (document.getElementById(`ex${m[1]}`) || overview(+m[1])).scrollIntoView();
+  }
 }
 
 document.querySelectorAll(".overview select.measure").forEach(s => {

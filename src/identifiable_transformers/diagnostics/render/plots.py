@@ -227,6 +227,7 @@ def plot_attention_grid(
     head has a green frame, the others a red one. Tiles shrink so that the figure stays within ``MAX_PNG_SIDE``
     pixels on each side; the title sits in a band of its own above the grids.
     """
+    from matplotlib.collections import PatchCollection
     from matplotlib.patches import Rectangle
 
     names = list(panels)
@@ -265,48 +266,53 @@ def plot_attention_grid(
         ax.set_axis_off()
         for h in range(H):
             ax.text(h * (t + gap) + t / 2, -3, f"H{h}", ha="center", va="bottom", fontsize=7, clip_on=False)
+        if stoch is not None:  # one collection: a patch per tile would dominate the drawing time
+            ax.add_collection(PatchCollection(
+                [Rectangle((h * (t + gap) - 1, l * (t + gap) - 1), t + 1, t + 1) for l in range(L) for h in range(H)],
+                facecolor="none", linewidth=1,
+                edgecolor=["#17702a" if stoch[l, h] == 0 else "#b3261e" for l in range(L) for h in range(H)]))
         for l in range(L):
             ax.text(-4, l * (t + gap) + t / 2, f"L{l}", ha="right", va="center", fontsize=7, clip_on=False)
             for h in range(H):
-                if stoch is not None:
-                    ok = stoch[l, h] == 0
-                    ax.add_patch(Rectangle((h * (t + gap) - 1, l * (t + gap) - 1), t + 1, t + 1, fill=False, lw=1,
-                                           edgecolor="#17702a" if ok else "#b3261e"))
                 if nd is not None and t >= 20:
                     ax.text(h * (t + gap) + 2, l * (t + gap) + 2, str(int(nd[l, h])), ha="left", va="top",
                             fontsize=6, color="white", clip_on=True)
     return fig
 
 
-def plot_head_overview(values, *, label: str, title: str | None = None, not_identifiable=None,
-                       fmt: str = "{:.1f}") -> Figure:
-    """The report's overview as a picture: one cell per layer (row) and head (column), coloured by ``values``
-    [L, H] (viridis from 0 to the largest value) and showing it; the last column is the layer's mean, or, with
-    ``not_identifiable`` [L, H] (counts or booleans), how many of the layer's heads were not identifiable."""
-    v = _np(values).astype(np.float64)
-    L, H = v.shape
+def plot_head_overview(panels: dict, *, title: str | None = None, not_identifiable=None) -> Figure:
+    """The report's overview as a picture: per entry of ``panels`` ({label: [L, H] values}) one grid of a cell per
+    layer (row) and head (column), coloured by the value (viridis from 0 to the panel's largest) and showing it; the
+    first grid's last column is, with ``not_identifiable`` [L, H] (booleans), how many of the layer's heads are not
+    identifiable, else each grid's last column is the layer's mean."""
+    grids = {k: _np(v).astype(np.float64) for k, v in panels.items()}
+    L, H = next(iter(grids.values())).shape
     cell = 0.42
-    fig = Figure(figsize=(max(4.0, (H + 2.2) * cell + 1.2), L * cell + 1.3), layout="constrained")
-    ax = fig.add_subplot()
-    top = max(float(v.max()), 1e-12)
-    im = ax.imshow(v, vmin=0, vmax=top, cmap="viridis", aspect="equal")
-    for l in range(L):
-        for h in range(H):
-            ax.text(h, l, fmt.format(v[l, h]), ha="center", va="center", fontsize=7,
-                    color="black" if v[l, h] > 0.6 * top else "white")
-        total = (f"{int(_np(not_identifiable)[l].astype(bool).sum())}/{H}" if not_identifiable is not None
-                 else fmt.format(v[l].mean()))
-        ax.text(H - 0.1, l, total, ha="left", va="center", fontsize=8)
-    ax.set_xticks(range(H), [f"H{h}" for h in range(H)], fontsize=7)
-    ax.set_yticks(range(L), [f"L{l}" for l in range(L)], fontsize=7)
-    ax.set_xlim(-0.5, H + 1.2)
-    ax.text(H - 0.1, -0.8, "not ident." if not_identifiable is not None else "mean", ha="left", va="center",
-            fontsize=7)
-    for side in ("top", "right", "bottom", "left"):
-        ax.spines[side].set_visible(False)
-    cb = fig.colorbar(im, ax=ax, shrink=0.8, pad=0.01)
-    cb.ax.tick_params(labelsize=7)
-    cb.set_label(label, fontsize=8)
+    fig = Figure(figsize=(len(grids) * ((H + 2.4) * cell + 1.0) + 0.4, L * cell + 1.4), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(grids)))
+    for i, (ax, (label, v)) in enumerate(zip(axes, grids.items())):
+        top = max(float(v.max()), 1e-12)
+        small = top < 10 and not np.allclose(v, np.round(v))
+        fmt = "{:.2f}" if small else "{:.1f}" if not np.allclose(v, np.round(v)) else "{:.0f}"
+        im = ax.imshow(v, vmin=0, vmax=top, cmap="viridis", aspect="equal")
+        counts = i == 0 and not_identifiable is not None
+        for l in range(L):
+            for h in range(H):
+                ax.text(h, l, fmt.format(v[l, h]).replace("0.", ".", 1) if small else fmt.format(v[l, h]),
+                        ha="center", va="center", fontsize=6.5, color="black" if v[l, h] > 0.6 * top else "white")
+            total = (f"{int(_np(not_identifiable)[l].astype(bool).sum())}/{H}" if counts
+                     else fmt.format(v[l].mean()))
+            ax.text(H - 0.2, l, total, ha="left", va="center", fontsize=7.5)
+        ax.text(H - 0.2, -0.75, "not ident." if counts else "mean", ha="left", va="center", fontsize=7)
+        ax.set_xticks(range(H), [f"H{h}" for h in range(H)], fontsize=7)
+        ax.set_yticks(range(L), [f"L{l}" for l in range(L)], fontsize=7)
+        ax.set_xlim(-0.5, H + 1.3)
+        for side in ("top", "right", "bottom", "left"):
+            ax.spines[side].set_visible(False)
+        ax.tick_params(length=0)
+        cb = fig.colorbar(im, ax=ax, shrink=0.8, pad=0.01)
+        cb.ax.tick_params(labelsize=7)
+        cb.set_label(label, fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     return fig

@@ -101,7 +101,7 @@ def test_overview_renders_a_cell_per_head_and_a_fragment_shows_that_heads_maps(r
     # ... and the canvas is painted with them: cell (i, j) in viridis at A[i, j] / the head's scale
     canvas = detail.find_element("css selector", "canvas[data-kind='raw']")
     width = int(canvas.get_attribute("width"))
-    cell = max(6, min(16, 320 // n))  # a labelled map (n <= 40): canvas width = label margin + n cells
+    cell = max(8, min(16, 320 // n))  # a labelled map (n <= 40): canvas width = label margin + n cells
     margin = width - n * cell
     for i, j in ((0, 0), (3, 7), (n - 1, n - 2)):
         expected = np.round(np.array(colormaps["viridis"](round(255 * ref[i, j] / top) / 255))[:3] * 255)

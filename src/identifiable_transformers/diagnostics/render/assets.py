@@ -16,7 +16,7 @@ import numpy as np
 __all__ = ["CSS", "colour", "legend_gradient", "script"]
 
 CSS = """
-body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th{background:#f3f3f3}td.l,th.l{text-align:left}.ok{color:#17702a;font-weight:600}.bad{color:#b3261e;font-weight:600}
 .text{background:#f7f7f7;padding:.6em;border-left:3px solid #999;white-space:pre-wrap;max-height:12em;overflow:auto}
@@ -31,6 +31,7 @@ table.ov th.lay{padding-right:4px;text-align:right}
 a.cell{display:block;width:36px;height:22px;line-height:22px;text-decoration:none;border-radius:2px;
   font-variant-numeric:tabular-nums}
 a.cell:hover{outline:2px solid #888}a.cell.sel{outline:3px solid #e4572e;outline-offset:1px}
+table.ov th.tot,table.ov th.mean{padding:0 8px}
 table.ov td.tot,table.ov td.mean{padding:0 8px;color:#444;text-align:right;font-variant-numeric:tabular-nums}
 .legend{margin-left:1em;color:#444}.legend .bar{display:inline-block;width:140px;height:10px;margin:0 4px;
   vertical-align:middle;border:1px solid #bbb}
@@ -143,9 +144,10 @@ function span(d, i) {  // the tokens of map cell i (a block of d.block tokens)
 
 function drawMap(d, values, top, signed, kind, caption) {
   const side = d.side, labels = d.labelled;
-  const cell = labels ? Math.max(6, Math.min(16, Math.floor(320 / side))) : Math.max(2, Math.floor(288 / side));
+  const cell = labels ? Math.max(8, Math.min(16, Math.floor(320 / side))) : Math.max(2, Math.floor(288 / side));
+  const font = `${Math.min(11, cell)}px sans-serif`;  // a label no taller than its row
   const probe = document.createElement("canvas").getContext("2d");
-  probe.font = "10px sans-serif";
+  probe.font = font;
   const margin = labels ? Math.ceil(6 + Math.max(...d.tokens.map(t => probe.measureText(clip(t)).width))) : 0;
   const canvas = el("canvas", {"data-kind": kind, width: margin + side * cell, height: side * cell + margin});
   const ctx = canvas.getContext("2d"), lut = signed ? LUT.div : LUT.seq;
@@ -157,7 +159,7 @@ function drawMap(d, values, top, signed, kind, caption) {
     }
   }
   if (labels) {
-    ctx.font = "10px sans-serif";
+    ctx.font = font;
     ctx.fillStyle = "#222";
     ctx.textBaseline = "middle";
     ctx.textAlign = "right";

@@ -161,6 +161,14 @@ def test_offline_run_has_epoch_axis_summaries_tables_group_overrides_and_files(m
         assert [h["trainer/global_step"] for h in image_rows] == [h["trainer/global_step"] for h in val_rows]
     else:
         assert image_rows == [last]  # drawn on the last epoch only (plot_every_n_epochs=10)
+    # the layer x head overview (issue 56): an image every epoch, in a row of its own at the end of its training epoch,
+    # after its epoch's values and before the next epoch's (trainer/global_step never goes back)
+    overview = [h for h in rec.history if "val/ident/overview/_type" in h]
+    assert [h["epoch"] for h in overview] == [0, 1] and not any("val/acc" in h for h in overview)
+    rows = [h for h in rec.history if "val/acc" in h or "val/ident/overview/_type" in h]
+    assert [h["epoch"] for h in rows] == [0, 0, 1, 1]
+    assert [h["trainer/global_step"] for h in rows] == sorted(h["trainer/global_step"] for h in rows)
+    assert all(h["val/ident/overview/_type"] == "image-file" for h in overview)
     heads = 4  # one layer, 4 heads; the table holds every epoch so far
     assert [h["val/ident/heads/nrows"] for h in val_rows] == [heads, 2 * heads]
     assert last["val/ident/heads/ncols"] == 15  # epoch, layer, head, 10 metrics (4 of them epsilon), 2 fractions
@@ -416,3 +424,62 @@ def test_a_run_is_started_without_the_anonymous_setting(monkeypatch, tmp_path, c
     monkeypatch.delenv("WANDB_SILENT", raising=False)
     wandb.Settings(anonymous=lightning_kwargs["anonymous"])
     assert "The anonymous setting has no effect" in capfd.readouterr().err
+
+
+def test_overview_image_is_the_probes_mean_per_head_and_logged_once_each_diagnosed_epoch(tmp_path):
+    """The per-epoch overview (model=pretrained runs log it like any other): its grids are the probe's mean null dim
+    and witness TV per head (reference: explicit loops over the report), sent once per epoch the diagnostics ran."""
+    from types import SimpleNamespace
+
+    import torch
+    import wandb
+    from lightning.pytorch.loggers import WandbLogger
+
+    from identifiable_transformers.diagnostics.callbacks.identifiability import IdentifiabilityCallback
+    from identifiable_transformers.diagnostics.callbacks.media import overview_figure
+
+    g = torch.Generator().manual_seed(0)
+    B, L, H = 3, 2, 4
+    report = {"null_dim": torch.randint(0, 9, (B, L, H), generator=g),
+              "stochastic_null_dim": torch.randint(0, 2, (B, L, H), generator=g),
+              "alt_attention_tv": torch.rand(B, L, H, generator=g), "lengths": torch.tensor([5, 9, 12])}
+    fig = overview_figure(report, epoch=2)
+    null_grid, tv_grid = (ax.images[0].get_array() for ax in fig.axes if ax.images)
+    for grid, key in ((null_grid, "null_dim"), (tv_grid, "alt_attention_tv")):
+        for l in range(L):
+            for h in range(H):
+                assert grid[l, h] == pytest.approx(sum(float(report[key][b, l, h]) for b in range(B)) / B)
+    counts = [t.get_text() for t in fig.axes[0].texts if t.get_text().endswith(f"/{H}")]
+    assert counts == [f"{sum(any(int(report['stochastic_null_dim'][b, l, h]) > 0 for b in range(B)) for h in range(H))}"
+                      f"/{H}" for l in range(L)]
+
+    class FakeRun:
+        def __init__(self):
+            self.calls = []
+
+        def log(self, data, commit=None):
+            self.calls.append((data, commit))
+
+    class FakeWandb(WandbLogger):
+        def __init__(self):  # no W&B run: only experiment.log is used
+            self.run = FakeRun()
+
+        @property
+        def experiment(self):
+            return self.run
+
+    wb = FakeWandb()
+    loop = SimpleNamespace(epoch_loop=SimpleNamespace(_batches_that_stepped=7))
+    trainer = SimpleNamespace(loggers=[wb], current_epoch=2, is_global_zero=True, fit_loop=loop)
+    cb = IdentifiabilityCallback(probe_size=4)
+    cb.last_report, cb._last_epoch = report, 1
+    cb.on_train_epoch_end(trainer, None)
+    assert wb.run.calls == []  # the diagnostics did not run this epoch (every_n_epochs > 1): nothing to show
+    cb._last_epoch = 2
+    cb.on_train_epoch_end(trainer, None)
+    cb.on_train_epoch_end(trainer, None)
+    [(data, commit)] = wb.run.calls
+    assert commit is True and (data["epoch"], data["trainer/global_step"]) == (2, 7)
+    image = data["val/ident/overview"]
+    assert isinstance(image, wandb.Image) and image._caption == "epoch 2"
+    assert max(image.image.size) <= 4000

@@ -44,7 +44,10 @@ def test_build_report_is_self_contained_and_consistent(tmp_path):
     path = build_report(model, ids, mask, tmp_path, tokens=tokens, texts=texts, label_names=["neg", "pos"],
                         key_aware=True)
     page = path.read_text()
-    assert page.count("data:image/png;base64,") == 2 and "<img" in page and "src='http" not in page
+    # self-contained: no pictures and nothing fetched; each example's maps are data its inline script draws
+    assert "<img" not in page and "data:image/png" not in page
+    assert not re.search(r"""(src|href)\s*=\s*['"]?(https?:)?//""", page) and "fetch(" not in page
+    assert page.count("<script type='application/json' id='ex") == 2
     assert "identifiable up to <b>n = 4</b>" in page  # concat, d/h = 4
     assert (tmp_path / "example0.png").stat().st_size > 1000 and (tmp_path / "example1.png").is_file()
     heads = json.loads((tmp_path / "report.json").read_text())["heads"]

@@ -1,4 +1,5 @@
-"""Figures and W&B media of the identifiability callback: heatmaps, the probe table, async rendering.
+"""Figures and W&B media of the identifiability callback: heatmaps, the layer x head overview, the probe table, async
+rendering.
 
 Kept apart from the callback's hooks (identifiability.py), which decide *when* to diagnose; this module
 decides how results are drawn and sent. ``_render`` touches no trainer state, so it can run in a
@@ -44,8 +45,43 @@ def attention_image(weights: np.ndarray, pixels: int = 128) -> np.ndarray:
     return rgb.repeat(k, axis=0).repeat(k, axis=1)
 
 
+def overview_figure(report: dict[str, Any], epoch: int):
+    """The probe's layer x head overview of one epoch, as the analyze report's: per head the mean null dim and the mean
+    witness TV over the probe examples; per layer, how many heads are not identifiable (stochastic null dim > 0) on
+    at least one of them."""
+    from ..render.plots import plot_head_overview
+
+    B = report["null_dim"].shape[0]
+    return plot_head_overview(
+        {"mean null dim": report["null_dim"].double().mean(0), "mean witness TV": report["alt_attention_tv"].double()
+         .mean(0)}, not_identifiable=(report["stochastic_null_dim"] > 0).any(0),
+        title=f"epoch {epoch}: layer x head overview over {B} probe example(s), up to {int(report['lengths'].max())} "
+              "tokens")
+
+
 class IdentifiabilityMedia:
     """Mixin of IdentifiabilityCallback: figures (sync or in a worker thread) and W&B media."""
+
+    # ------------------------------------------------------------------------------- overview
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The epoch's layer x head overview to W&B (``val/ident/overview``, an image), every epoch the diagnostics
+        ran: Lightning runs the epoch's validation, and so the diagnostics, before this hook."""
+        epoch = trainer.current_epoch
+        report = getattr(self, "last_report", None)
+        if (report is None or getattr(self, "_last_epoch", None) != epoch or not trainer.is_global_zero
+                or getattr(self, "_overview_epoch", None) == epoch or not wandb_loggers(trainer)):
+            return
+        self._overview_epoch = epoch
+        import io
+
+        import wandb
+        from PIL import Image
+
+        from ..render.plots import figure_to_png
+
+        image = Image.open(io.BytesIO(figure_to_png(overview_figure(report, epoch), dpi=100)))
+        log_epoch_media(trainer, {"val/ident/overview": wandb.Image(image, caption=f"epoch {epoch}")}, epoch,
+                        logged_step(trainer), same_row=False)
 
     # ------------------------------------------------------------------------------------ plots
     def _plots_now(self, trainer: pl.Trainer) -> bool:
@@ -162,7 +198,7 @@ class IdentifiabilityMedia:
 
 def _render(job: dict[str, Any]) -> dict[str, Any]:
     """Draw and save one epoch's figures (runs in the plot thread: touches no trainer state)."""
-    from ..render.plots import plot_attention_maps, plot_null_dim_vs_length, save_figure
+    from ..render.plots import plot_attention_grid, plot_null_dim_vs_length, save_figure
 
     out, epoch, cfg = job["out"], job["epoch"], job["model"]
     fig = plot_null_dim_vs_length(
@@ -174,11 +210,12 @@ def _render(job: dict[str, Any]) -> dict[str, Any]:
                 "null_dim_vs_length": [str(save_figure(fig, out / "null_dim_vs_length.png"))],
                 "attention": [], "captions": []}
     for ex in job["examples"]:
-        fig = plot_attention_maps(
-            ex["attention"], ex["effective"], ex["alternative"], tokens=ex["tokens"], alt_tv=ex["alt_attention_tv"],
-            rel_error=ex["witness_rel_error"], null_dim=ex["null_dim"], stochastic_null_dim=ex["stochastic_null_dim"],
-            title=f"epoch {epoch}, validation example {ex['index']} (n={ex['n']})",
+        fig = plot_attention_grid(
+            {"raw A": ex["attention"], "effective A_eff": ex["effective"],
+             "witness A' (grey: identifiable, no witness)": ex["alternative"]},
+            null_dim=ex["null_dim"], stochastic_null_dim=ex["stochastic_null_dim"],
+            title=f"epoch {epoch}, validation example {ex['index']} (n={ex['n']}); frame green = identifiable",
         )
-        rendered["attention"].append(str(save_figure(fig, out / f"attention_val{ex['index']}.png")))
+        rendered["attention"].append(str(save_figure(fig, out / f"attention_val{ex['index']}.png", dpi=fig.dpi)))
         rendered["captions"].append(f"val example {ex['index']}, n={ex['n']}")
     return rendered

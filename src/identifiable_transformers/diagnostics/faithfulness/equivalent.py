@@ -42,10 +42,11 @@ EXTREMES = ("best", "worst")
 
 def equivalent_explanations(model, input_ids: Tensor, attention_mask: Tensor | None = None, *,
                             rationale_mask: Tensor | None = None, loo: Tensor | None = None,
-                            token_ranges: bool = False) -> dict:
+                            token_ranges: bool = False, flip_resolution: int | None = None) -> dict:
     """Equivalence-class ranges of the last layer's ``<cls>`` rows and the best and worst equivalent explanation.
 
-    ``loo`` (B, T): leave-one-out scores already computed (else computed here). Returns a dict:
+    ``loo`` (B, T): leave-one-out scores already computed (else computed here); ``flip_resolution``: the extremes'
+    removal curves on that grid (erasure.py; None: every removal). Returns a dict:
       objectives          the objective names, in the order of the last axis below;
       low, high, value    (B, H, k) float64: each objective's least, greatest and actual value;
       free_dim            (B, H) the class's dimension n - rank([T, 1]) (0: identifiable row);
@@ -73,7 +74,7 @@ def equivalent_explanations(model, input_ids: Tensor, attention_mask: Tensor | N
         rationale = None if rationale_mask is None else rationale_mask.bool().cpu() & mask.cpu()
         rep = _ranges(rows, Tv, mask.sum(1).cpu(), loo.detach().double().cpu(), rationale, token_ranges)
         extremes = {e: _finish(rep.pop(e).mean(1).to(mask.device), mask) for e in EXTREMES}  # head-means
-        per_example = _erasure_metrics(model, ids, mask, extremes, pred, prob)
+        per_example = _erasure_metrics(model, ids, mask, extremes, pred, prob, flip_resolution=flip_resolution)
         if rationale_mask is not None:
             per_example.update(plausibility_metrics(extremes, mask, rationale_mask.to(mask.device)))
         rep.update(layer=len(internals) - 1, scores={e: s.cpu() for e, s in extremes.items()},

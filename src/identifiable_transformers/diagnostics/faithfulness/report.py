@@ -24,7 +24,7 @@ def faithfulness_report(
     explainers: Sequence[str] = CHEAP_EXPLAINERS, seed: int = 0, *, ig_steps: int = 32,
     precomputed: dict[str, Tensor] | None = None, rationale_mask: Tensor | None = None,
     random_draws: int = RANDOM_DRAWS, say: Callable[[str], object] | None = None,
-    flip_resolution: int | None = None,
+    flip_resolution: int | None = None, loo: bool = True,
 ) -> dict:
     """Scores of ``explainers`` and their faithfulness metrics (docs/faithfulness.md) on one batch.
 
@@ -39,7 +39,9 @@ def faithfulness_report(
     are their mean (per example, then over examples), "random/<metric>_std" the standard deviation of the
     draws' means, and its scores are draw 0. ``say`` (e.g. ``log.info``) is told each stage as it starts and
     its time as it ends (each explainer, erasure window by window); None: silently. ``flip_resolution``: scan
-    the removal curves on that many points per example (erasure.py; None: every removal).
+    the removal curves on that many points per example (erasure.py; None: every removal). ``loo`` False (the
+    fast tier): no leave-one-out pass (n copies of up to n tokens), so every tau_loo is NaN and "loo" is None,
+    unless "loo" is listed in ``explainers``.
     """
     if random_draws < 1:
         raise ValueError(f"random_draws must be >= 1, got {random_draws}")
@@ -51,7 +53,8 @@ def faithfulness_report(
         pinned = _pinned(model, ids)
         scores = {k: _finish(v.to(mask.device), mask, pinned) for k, v in (precomputed or {}).items()}
         draws = random_draws if "random" in explainers and "random" not in scores else 1
-        wanted = [e for e in dict.fromkeys([*explainers, "loo"]) if e not in scores]
+        loo = loo or "loo" in explainers
+        wanted = [e for e in dict.fromkeys([*explainers, *(["loo"] if loo else [])]) if e not in scores]
         scores.update(explain(model, ids, mask, wanted, seed=seed, ig_steps=ig_steps, say=say))
         # The further random draws are scored like explainers of their own, then averaged into "random".
         extra = {f"random#{d}": s for d, s in enumerate(_random_draws(ids, mask, seed, draws, pinned)) if d > 0}
@@ -61,7 +64,8 @@ def faithfulness_report(
                                            flip_resolution=flip_resolution)
         scorable = _scorable(mask, pinned)
         for e, s in scored.items():
-            per_example[f"{e}/tau_loo"] = kendall_tau_b(s, scores["loo"], scorable).float()
+            per_example[f"{e}/tau_loo"] = (kendall_tau_b(s, scores["loo"], scorable).float() if loo
+                                           else torch.full_like(prob, float("nan")))
         metric_names = list(METRICS)
         if rationale_mask is not None:
             per_example.update(plausibility_metrics(scored, mask, rationale_mask, pinned))
@@ -82,7 +86,7 @@ def faithfulness_report(
             gap = float(acc - (uniform_pred == labels).double().mean())
         return {
             "scores": {e: scores[e] for e in explainers},
-            "loo": scores["loo"],  # computed for tau_loo even when not listed: the equivalence LPs read it too
+            "loo": scores.get("loo"),  # computed for tau_loo even when not listed: the equivalence LPs read it too
             "metrics": {**{k: _nanmean(v) for k, v in per_example.items()}, **spread},
             "per_example": per_example,
             "uniform_acc_gap": gap,

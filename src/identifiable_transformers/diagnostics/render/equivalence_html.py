@@ -25,14 +25,17 @@ def _cell(low: float, value: float, high: float) -> str:
 
 def equivalence_section(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         tokens: Sequence[Sequence[str]], rationale_mask: torch.Tensor | None = None,
-                        loo: torch.Tensor | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+                        loo: torch.Tensor | None = None, flip_resolution: int | None = None
+                        ) -> tuple[list[str], list[dict[str, Any]]]:
     """HTML parts (one table per example) and report.json records: per example and head of the last layer, each
     objective's [low, value, high] over the row's output-equivalent rows, and the best and worst equivalent
     explanation's comprehensiveness (and rationale AUPRC). Nothing (two empty lists) for pooling other than cls.
-    ``loo`` (B, T): the leave-one-out scores the faithfulness pass already computed (else computed again)."""
+    ``loo`` (B, T): the leave-one-out scores the faithfulness pass already computed (else computed again);
+    ``flip_resolution``: the extremes' removal curves on that grid (faithfulness/erasure.py; None: every removal)."""
     if getattr(model, "pooling", "cls") != "cls":
         return [], []
-    rep = equivalent_explanations(model, input_ids, attention_mask, rationale_mask=rationale_mask, loo=loo)
+    rep = equivalent_explanations(model, input_ids, attention_mask, rationale_mask=rationale_mask, loo=loo,
+                                  flip_resolution=flip_resolution)
     names, H = rep["objectives"], rep["low"].shape[1]
     parts = ["<h2>Output-equivalent explanations</h2><p>For each head's <code>&lt;cls&gt;</code> row a of the last "
              "layer: its value and, in brackets, the least and greatest value over every row a' ≥ 0, Σa' = 1 with "

@@ -1,13 +1,17 @@
 """Self-contained HTML identifiability report for a few inputs (used by ``analyze.py``).
 
-Per example: the text, the prediction, and per layer and head the null dims, the identifiable
-length, the witness alternative's TV distance and the check that it reproduces the head output
-(relative error of A'T vs AT), with raw / effective / witness heatmaps embedded as base64 PNGs
-(also written as PNG files next to the HTML). Under the maps, one token heat-strip per explainer of
-``faithfulness.faithfulness_report`` with the example's comprehensiveness, sufficiency, tau with
-leave-one-out and decision-flip fraction beside it (docs/faithfulness.md). When the examples come with
-rationales (a dataset split that has them), the rationale tokens are underlined on every strip and each
-explainer's rationale_auprc and rationale_f1 join the metrics.
+Per example: the text, the prediction, then a layer x head overview (overview.py): one cell per head coloured by a
+measure the reader picks (null dim, stochastic null dim, witness TV, effective-attention gap, epsilon-TV), with per-
+layer counts of non-identifiable heads. A cell links to ``#ex{b}-l{l}-h{h}``, which shows that head's raw /
+effective / witness maps (no witness for an identifiable head), drawn in the browser from data embedded in the page
+(head_data.py: block-averaged to at most 64 x 64 cells, uint8, base64), so the page grows with heads x tokens, not
+with pictures. Under the head, one token heat-strip per explainer of ``faithfulness.faithfulness_report`` with the
+example's comprehensiveness, sufficiency, tau with leave-one-out and decision-flip fraction beside it
+(docs/faithfulness.md). When the examples come with rationales (a dataset split that has them), the rationale tokens
+are underlined on every strip and each explainer's rationale_auprc and rationale_f1 join the metrics. The per-head
+table (null dims, the witness's TV distance and the check that it reproduces the head output, ...) follows, folded.
+``example{i}.png`` next to the page is a layers x heads grid of the same maps (plots.plot_attention_grid), at most
+4,000 pixels a side.
 
 Progress: a log line as each stage starts and ends (with its time), and over the examples a tqdm bar when
 stderr is a terminal, else a log line every tenth of them.
@@ -15,7 +19,6 @@ stderr is a terminal, else a log line every tenth of them.
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 import logging
@@ -31,6 +34,9 @@ from ...common.files import atomic_write
 from ...common.progress import stage
 from ..maths import attention_identifiability, identifiable_length, key_aware_alternative_dims
 from ..maths.key_aware import UNRESOLVED_MARGIN
+from .assets import CSS, script
+from .head_data import example_data, layer_totals
+from .overview import data_script, detail_html, overview_html
 
 __all__ = ["build_report", "tokens_for_batch"]
 
@@ -55,25 +61,26 @@ def _examples(n: int) -> Iterator[int]:
         if (b + 1) % every == 0 or b + 1 == n:
             log.info("report: %d/%d examples drawn", b + 1, n)
 
-_CSS = """
-body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
-table{border-collapse:collapse;margin:.5em 0 1em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
-th{background:#f3f3f3}td.l,th.l{text-align:left}.ok{color:#17702a;font-weight:600}.bad{color:#b3261e;font-weight:600}
-.text{background:#f7f7f7;padding:.6em;border-left:3px solid #999;white-space:pre-wrap}
-img{max-width:100%;border:1px solid #ddd}code{background:#f3f3f3;padding:0 3px}
-td.strip{text-align:left;line-height:1.9}.tok{padding:1px 2px;margin:0 1px;border-radius:2px}
-.rat{border-bottom:3px solid #222}
-"""
 _STRIP_METRICS = (("comprehensiveness", "compr. ↑"), ("sufficiency", "suff. ↓"), ("tau_loo", "τ with loo ↑"),
                   ("flip_frac", "flip frac. ↓"))
 _RATIONALE_METRICS = (("rationale_auprc", "AUPRC rat. ↑"), ("rationale_f1", "F1 rat. ↑"))
 
 
-def _faithfulness(model, input_ids, attention_mask, rationale_mask=None, explainers: Sequence[str] = ()) -> dict:
+def _faithfulness(model, input_ids, attention_mask, rationale_mask, tier) -> dict:
+    """The explainers' scores and metrics as ``tier`` (faithfulness/tiers.py) says; progress to this module's log."""
     from ..faithfulness import faithfulness_report
 
     return faithfulness_report(model, input_ids, attention_mask, rationale_mask=rationale_mask,
-                               explainers=explainers, say=log.info)
+                               explainers=tier.explainers, random_draws=tier.random_draws,
+                               flip_resolution=tier.flip_resolution, loo=tier.loo, say=log.info)
+
+
+def _prediction(logits: torch.Tensor, label_names: Sequence[str] | None) -> dict[str, Any]:
+    """report.json's prediction of one example: the argmax's label and id, the softmax and the logits."""
+    probs = logits.double().softmax(-1)
+    pred = int(probs.argmax())
+    label = label_names[pred] if label_names is not None and pred < len(label_names) else str(pred)
+    return {"label": label, "label_id": pred, "probabilities": probs.tolist(), "logits": logits.double().tolist()}
 
 
 def heat_strip(tokens: Sequence[str], scores: Sequence[float], marked: Sequence[int] = ()) -> str:
@@ -136,6 +143,40 @@ def _verdict(null_dim: int, stoch: int, tv: float) -> str:
     return f'<span class="bad">not identifiable</span>: a different map (TV {tv:.3f}) gives the same output'
 
 
+def _head_table(rep: dict[str, Any], ka: dict[str, Any] | None, b: int, n: int, L: int, H: int
+                ) -> tuple[str, list[dict[str, Any]]]:
+    """Example ``b``'s per-head table (HTML) and its report.json records."""
+    head_cols = ["layer", "head", "null", "stoch. null", "verdict", "witness TV", "rel. err. A'T vs AT",
+                 "eff. gap", "σmin/σmax", "entropy"] + (["key-aware alt. dim", "key-agnostic"] if ka else [])
+    rows, records = [], []
+    for l in range(L):
+        for h in range(H):
+            r = {"example": b, "layer": l, "head": h, "length": n,
+                 **{k: (int(rep[k][b, l, h]) if rep[k].dtype == torch.long else float(rep[k][b, l, h]))
+                    for k in ("null_dim", "stochastic_null_dim", "alt_attention_tv", "witness_rel_error",
+                              "effective_gap", "sigma_ratio", "attention_entropy", "tol")}}
+            if ka:
+                r["key_aware_alternative_dim"] = int(ka["alternative_dim"][b, l, h])
+                r["key_agnostic_dim"] = int(ka["key_agnostic_dim"][b, l, h])
+                r["key_aware_resolved"] = bool(ka["resolved"][b, l, h])
+                r["key_aware_margin"] = ka["margin"][b][l][h]  # None: no rank decision near a tolerance
+            records.append(r)
+            cells = [l, h, r["null_dim"], r["stochastic_null_dim"],
+                     _verdict(r["null_dim"], r["stochastic_null_dim"], r["alt_attention_tv"]),
+                     f"{r['alt_attention_tv']:.3f}", f"{r['witness_rel_error']:.1e}", f"{r['effective_gap']:.3f}",
+                     f"{r['sigma_ratio']:.1e}", f"{r['attention_entropy']:.2f}"]
+            if ka:
+                alt = r["key_aware_alternative_dim"]
+                if not r["key_aware_resolved"]:  # float64 cannot tell this count from a neighbouring one
+                    m = r["key_aware_margin"]
+                    alt = f"{alt} <span class='bad'>unresolved (margin {'n/a' if m is None else f'{m:.1f}'})</span>"
+                cells += [alt, r["key_agnostic_dim"]]
+            rows.append("<tr>" + "".join(f"<td{' class=l' if i == 4 else ''}>{c}</td>"
+                                         for i, c in enumerate(cells)) + "</tr>")
+    return ("<table><tr>" + "".join(f"<th>{c}</th>" for c in head_cols) + "</tr>" + "".join(rows) + "</table>",
+            records)
+
+
 def build_report(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -153,7 +194,8 @@ def build_report(
     length_bins: Sequence[int] | None = None,
     explainers: Sequence[str] | str | None = None,
 ) -> Path:
-    """Write ``report.html`` (images embedded), ``example{i}.png`` and ``report.json``; return the HTML path.
+    """Write ``report.html`` (self-contained: maps as data, drawn by its inline script), ``example{i}.png`` (a layers x
+    heads grid of each example's maps) and ``report.json``; return the HTML path.
 
     ``tokens[i]`` are example i's real-token strings; ``key_aware`` adds the docs/identifiability.md 2.5 count of
     alternatives the head itself could generate (dense Jacobians: slow beyond ~40 tokens); ``faithfulness``
@@ -161,11 +203,12 @@ def build_report(
     positions into example i, from a dataset split that has rationales) underlines them on the strips and
     adds the plausibility metrics. ``length_bins`` (token counts): every explainer (integrated gradients too) is
     scored, and the faithfulness and plausibility tables per cumulative length bin head the report
-    (``faithfulness_tables``). A model without a head (``has_head`` False: a bare encoder) gets no prediction and
-    no faithfulness. ``explainers``: the explainers scored, a list or a tier name (``resolve_explainers``: "all",
-    "fast", "cheap"); None: every one with ``length_bins``, else every one but integrated gradients.
+    (``faithfulness_tables``). ``explainers``: what is scored, a tier name (faithfulness/tiers.py: "all", "cheap",
+    "fast") or a list of explainers (with the "all" tier's settings); None: "all" with ``length_bins``, else
+    "cheap". report.json's ``examples`` hold each example's prediction ({label, label_id, probabilities, logits}); a
+    model without a head (``has_head`` False: a bare encoder) gets none (null) and no faithfulness.
     """
-    from .plots import figure_to_png, plot_attention_maps
+    from .plots import figure_to_png, plot_attention_grid
 
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -174,11 +217,15 @@ def build_report(
     B, T = input_ids.shape
     has_head = getattr(model, "has_head", True)
     faithfulness = faithfulness and has_head
+    from ..faithfulness import resolve_tier
+
+    tier = resolve_tier(explainers if explainers is not None else "all" if length_bins is not None else "cheap")
     with _stage(f"report: identifiability of {B} example(s) of up to {T} tokens"):
-        probs = None
+        logits = probs = None
         if has_head:
             with torch.no_grad():
-                probs = model(input_ids, attention_mask).logits.softmax(-1).cpu()
+                logits = model(input_ids, attention_mask).logits.float().cpu()
+            probs = logits.softmax(-1)
         model.train(model_was_training)
         rep = attention_identifiability(model, input_ids, attention_mask, return_maps=True)
     ka = None
@@ -196,11 +243,7 @@ def build_report(
     faith = None
     if faithfulness:
         with _stage(f"report: token explanations and their faithfulness for {B} example(s)"):
-            from ..faithfulness import resolve_explainers
-
-            chosen = resolve_explainers(explainers if explainers is not None else
-                                        "all" if length_bins is not None else "cheap")
-            faith = _faithfulness(model, input_ids, attention_mask, rationale_mask, chosen)
+            faith = _faithfulness(model, input_ids, attention_mask, rationale_mask, tier)
     faith_records = []
     table_rows = None
     if faith is not None and length_bins is not None:
@@ -210,7 +253,7 @@ def build_report(
                                             rep["lengths"].tolist(), length_bins)
 
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
     cfg = {"head_combine": model.head_combine, "embed_dim d": model.embed_dim, "num_heads h": model.num_heads,
            "key_dim": model.key_dim, "value_dim d_v": model.value_dim, "num_layers": model.num_layers,
            **(meta or {})}
@@ -235,84 +278,65 @@ def build_report(
     if table_rows:
         parts.append(tables_html(table_rows) + "<p>Each row: the mean over the report's examples of at most that "
                      "many tokens; per-example values below.</p>")
-    records = []
+    records, examples = [], []
     for b in _examples(B):
         n = int(rep["lengths"][b])
-        parts.append(f"<h2>Example {b} — n = {n} tokens</h2>")
+        parts.append(f"<h2 id='ex{b}'>Example {b} — n = {n} tokens</h2>")
         if texts is not None:
             parts.append(f"<div class='text'>{html.escape(texts[b])}</div>")
-        if probs is not None:
-            pred = int(probs[b].argmax())
-            label = label_names[pred] if label_names is not None and pred < len(label_names) else str(pred)
-            said = f"Prediction: <b>{html.escape(label)}</b> (p = {float(probs[b, pred]):.3f}). "
+        prediction = None
+        if logits is not None:
+            prediction = _prediction(logits[b], label_names)
+            said = (f"Prediction: <b>{html.escape(prediction['label'])}</b> "
+                    f"(p = {float(probs[b, prediction['label_id']]):.3f}). ")
         else:
             said = "No prediction: the model is an encoder without a classification head. "
-        parts.append(f"<p>{said}Tokens: <code>{html.escape(' '.join(tokens[b]))}</code></p>")
-        head_cols = ["layer", "head", "null", "stoch. null", "verdict", "witness TV", "rel. err. A'T vs AT",
-                     "eff. gap", "σmin/σmax", "entropy"] + (["key-aware alt. dim", "key-agnostic"] if ka else [])
-        rows = []
-        for l in range(L):
-            for h in range(H):
-                r = {"example": b, "layer": l, "head": h, "length": n,
-                     **{k: (int(rep[k][b, l, h]) if rep[k].dtype == torch.long else float(rep[k][b, l, h]))
-                        for k in ("null_dim", "stochastic_null_dim", "alt_attention_tv", "witness_rel_error",
-                                  "effective_gap", "sigma_ratio", "attention_entropy", "tol")}}
-                if ka:
-                    r["key_aware_alternative_dim"] = int(ka["alternative_dim"][b, l, h])
-                    r["key_agnostic_dim"] = int(ka["key_agnostic_dim"][b, l, h])
-                    r["key_aware_resolved"] = bool(ka["resolved"][b, l, h])
-                    r["key_aware_margin"] = ka["margin"][b][l][h]  # None: no rank decision near a tolerance
-                records.append(r)
-                cells = [l, h, r["null_dim"], r["stochastic_null_dim"],
-                         _verdict(r["null_dim"], r["stochastic_null_dim"], r["alt_attention_tv"]),
-                         f"{r['alt_attention_tv']:.3f}", f"{r['witness_rel_error']:.1e}", f"{r['effective_gap']:.3f}",
-                         f"{r['sigma_ratio']:.1e}", f"{r['attention_entropy']:.2f}"]
-                if ka:
-                    alt = r["key_aware_alternative_dim"]
-                    if not r["key_aware_resolved"]:  # float64 cannot tell this count from a neighbouring one
-                        m = r["key_aware_margin"]
-                        alt = f"{alt} <span class='bad'>unresolved (margin {'n/a' if m is None else f'{m:.1f}'})</span>"
-                    cells += [alt, r["key_agnostic_dim"]]
-                rows.append("<tr>" + "".join(f"<td{' class=l' if i == 4 else ''}>{c}</td>"
-                                             for i, c in enumerate(cells)) + "</tr>")
-        parts.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in head_cols) + "</tr>" + "".join(rows)
-                     + "</table>")
-        parts.append("<p>Layer-level joint null dim (H·n − rank of the stacked T's): "
-                     + ", ".join(f"layer {l}: {int(rep['joint_null_dim'][b, l])}" for l in range(L)) + "</p>")
-        m = rep["maps"][b]
-        fig = plot_attention_maps(m["attention"], m["effective"], m["alternative"], tokens=list(tokens[b])[:n],
-                                  alt_tv=rep["alt_attention_tv"][b], rel_error=rep["witness_rel_error"][b],
-                                  null_dim=rep["null_dim"][b], stochastic_null_dim=rep["stochastic_null_dim"][b],
-                                  title=f"example {b} (n={n}): raw | effective | witness alternative")
-        png = figure_to_png(fig)
-        atomic_write(out / f"example{b}.png", png)
-        parts.append(f"<img alt='attention maps of example {b}' src='data:image/png;base64,"
-                     f"{base64.b64encode(png).decode()}'>")
+        examples.append({"example": b, "length": n, "prediction": prediction})
+        shown = " ".join(tokens[b]) if n <= 200 else " ".join(list(tokens[b])[:200]) + f" … ({n - 200} more)"
+        parts.append(f"<p>{said}Tokens: <code>{html.escape(shown)}</code></p>")
+        data = example_data(rep, b, tokens[b])
+        parts.append(overview_html(data, layer_totals(rep["stochastic_null_dim"][b])))
+        below = ""
         if faith is not None:
             table, record = _faithfulness_rows(faith, b, tokens[b], n,
                                                None if rationales is None else rationales[b])
-            parts.append("<h3>Token explanations and their faithfulness</h3><p>Each token shaded by the explainer's "
-                         "score relative to its largest |score| (red positive, blue negative; hover for the value). "
-                         "compr. = drop in p(prediction) when the top tokens are removed (higher is more faithful); "
-                         "suff. = drop when only they are kept (lower); τ = Kendall τ-b with leave-one-out; flip "
-                         "frac. = share of tokens removed in the explainer's order before the prediction changes "
-                         "(lower). AOPC over 1, 5, 10, 20, 50% of the tokens; see docs/faithfulness.md."
-                         + (" <span class='rat'>Underlined</span> tokens are the dataset's rationale; AUPRC and F1 "
-                            "rat. score each explainer against it (higher is more plausible)."
-                            if rationales is not None else "") + "</p>" + table)
+            below = ("<h3>Token explanations and their faithfulness</h3><p>Each token shaded by the explainer's "
+                     "score relative to its largest |score| (red positive, blue negative; hover for the value). "
+                     "compr. = drop in p(prediction) when the top tokens are removed (higher is more faithful); "
+                     "suff. = drop when only they are kept (lower); τ = Kendall τ-b with leave-one-out; flip "
+                     "frac. = share of tokens removed in the explainer's order before the prediction changes "
+                     "(lower). AOPC over 1, 5, 10, 20, 50% of the tokens; see docs/faithfulness.md."
+                     + (" <span class='rat'>Underlined</span> tokens are the dataset's rationale; AUPRC and F1 "
+                        "rat. score each explainer against it (higher is more plausible)."
+                        if rationales is not None else "") + "</p>" + table)
             faith_records.append({"example": b, **record})
+        parts.append(detail_html(b, below))
+        parts.append(data_script(data))
+        table_html, head_records = _head_table(rep, ka, b, n, L, H)
+        records += head_records
+        parts.append(f"<details><summary>Per-head table ({L * H} heads)</summary>{table_html}</details>")
+        parts.append("<p>Layer-level joint null dim (H·n − rank of the stacked T's): "
+                     + ", ".join(f"layer {l}: {int(rep['joint_null_dim'][b, l])}" for l in range(L)) + "</p>")
+        m = rep["maps"][b]
+        fig = plot_attention_grid({"raw A": m["attention"], "effective A_eff": m["effective"],
+                                   "witness A' (grey: identifiable, no witness)": m["alternative"]},
+                                  null_dim=rep["null_dim"][b], stochastic_null_dim=rep["stochastic_null_dim"][b],
+                                  title=f"example {b} (n={n}): each map on its own scale; frame green = identifiable, "
+                                        "red = not; number = null dim")
+        atomic_write(out / f"example{b}.png", figure_to_png(fig, dpi=fig.dpi))
     equivalence_records: list = []
-    if faithfulness:
+    if faithfulness and tier.equivalence:
         from .equivalence_html import equivalence_section
 
         with _stage(f"report: output-equivalent explanations of {B} example(s) (linear programs)"):
             section, equivalence_records = equivalence_section(model, input_ids, attention_mask, tokens, rationale_mask,
-                                                               loo=None if faith is None else faith["loo"])
+                                                               loo=faith["loo"], flip_resolution=tier.flip_resolution)
         parts += section
-    parts.append("</body></html>")
+    parts.append(f"<script>{script()}</script></body></html>")
     path = out / "report.html"
     atomic_write(path, "\n".join(parts))
-    atomic_write(out / "report.json", json.dumps({"bounds": bounds, "config": cfg, "heads": records,
+    atomic_write(out / "report.json", json.dumps({"bounds": bounds, "config": cfg, "examples": examples,
+                                                   "heads": records,
                                                    **({"faithfulness": faith_records} if faith else {}),
                                                    **({"faithfulness_by_length": table_rows} if table_rows else {}),
                                                    **({"equivalence": equivalence_records} if equivalence_records

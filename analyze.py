@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 
 from identifiable_transformers.common.errors import UserError, ensure_output_dir, exit_on_user_error
 
@@ -276,6 +276,18 @@ def _output_dir(cfg: DictConfig) -> tuple[Path, list[Path]]:
     return out, created
 
 
+def _explainers(cfg: DictConfig):
+    """``explainers=``: None, a tier name or a list of explainer names (checked: faithfulness/tiers.py)."""
+    from identifiable_transformers.diagnostics.faithfulness import resolve_tier
+
+    spec = cfg.get("explainers")
+    if spec is None:
+        return None
+    spec = [str(e) for e in spec] if isinstance(spec, (list, ListConfig)) else str(spec)
+    resolve_tier(spec)  # an unknown tier or explainer fails here, before any work
+    return spec
+
+
 def _write_report(cfg, out, model, tokenizer, batch, texts, label_names, title, meta, rationales, bins) -> str:
     """The HTML report and report.json of ``batch`` in ``out``: both modes'. ``texts`` (text mode): the part of
     each entry the model saw; split mode shows its tokens."""
@@ -286,7 +298,8 @@ def _write_report(cfg, out, model, tokenizer, batch, texts, label_names, title, 
     if texts is None:
         texts = [" ".join(t) for t in tokens]
     path = build_report(model, ids, mask, out, tokens=tokens, texts=texts, label_names=label_names, title=title,
-                        meta=meta, key_aware=bool(cfg.key_aware), rationales=rationales, length_bins=bins)
+                        meta=meta, key_aware=bool(cfg.key_aware), rationales=rationales, length_bins=bins,
+                        explainers=_explainers(cfg))
     for f in out.glob("example[0-9]*.png"):  # an earlier report's pictures of examples this one has not
         if f.stem[len("example"):].isdigit() and int(f.stem[len("example"):]) >= len(ids):
             f.unlink()
@@ -307,6 +320,7 @@ def _remove_if_empty(folders: list[Path]) -> None:
 @exit_on_user_error
 def main(cfg: DictConfig) -> str:
     _check_split(cfg)
+    _explainers(cfg)
     if (cfg.get("ckpt_path") is None) == (cfg.get("hf_model") is None):
         raise ValueError("give exactly one of ckpt_path=... (a checkpoint written by train.py) or hf_model=... (a "
                          "Hugging Face hub id or save_pretrained() folder, analysed as it is)")

@@ -25,7 +25,8 @@ def _report(tmp_path, n_examples: int, key_aware: bool = False):
 def test_each_stage_and_every_tenth_example_is_a_log_line(tmp_path, caplog, capsys):
     with caplog.at_level(logging.INFO, logger=LOGGER):
         _report(tmp_path, 3, key_aware=True)
-    lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    told = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    lines = [m for m in told if m.startswith("report:")]
     stages = ["report: identifiability of 3 example(s) of up to 5 tokens",
               "report: key-aware count of 3 example(s) x 1 layer(s) x 2 head(s), up to 5 tokens (dense Jacobians: "
               "minutes for long inputs)",
@@ -37,6 +38,14 @@ def test_each_stage_and_every_tenth_example_is_a_log_line(tmp_path, caplog, caps
     assert [m if m.endswith("...") else m[:m.index(": done in") + 9] for m in lines[9:]] == \
         [f"{equivalence} ...", f"{equivalence}: done in"]
     assert "examples" not in capsys.readouterr().err  # no bar when stderr is not a terminal
+    # inside the faithfulness stage (issue 56): each explainer, then erasure with a line per window of its scan
+    start, end = told.index(f"{stages[2]} ..."), next(i for i, m in enumerate(told) if m.startswith(f"{stages[2]}:"))
+    inner = told[start + 1:end]
+    begun = [m.split(" (")[0].removesuffix(" ...") for m in inner if m.endswith("...")]
+    assert begun == ["explainers: attention maps", "explainers: context mixing", "explainer: grad_input",
+                     "explainer: loo", "erasure"]
+    assert all(any(m.startswith(f"{b}: done in") for m in inner) for b in begun)
+    assert any(m.startswith("erasure: ") and "removal curves still unflipped" in m for m in inner)
 
 
 @pytest.mark.parametrize("n, shown", [(11, [2, 4, 6, 8, 10, 11])])  # every ceil(11 / 10) = 2, and the last

@@ -290,7 +290,7 @@ def build_report(
             said = (f"Prediction: <b>{html.escape(prediction['label'])}</b> "
                     f"(p = {float(probs[b, prediction['label_id']]):.3f}). ")
         else:
-            said = "No prediction: the model is an encoder without a classification head. "
+            said = f"No prediction: {getattr(model, 'why_no_prediction', 'the model is an encoder without a head')}. "
         examples.append({"example": b, "length": n, "prediction": prediction})
         shown = " ".join(tokens[b]) if n <= 200 else " ".join(list(tokens[b])[:200]) + f" … ({n - 200} more)"
         parts.append(f"<p>{said}Tokens: <code>{html.escape(shown)}</code></p>")
@@ -329,8 +329,9 @@ def build_report(
         from .equivalence_html import equivalence_section
 
         with _stage(f"report: output-equivalent explanations of {B} example(s) (linear programs)"):
-            section, equivalence_records = equivalence_section(model, input_ids, attention_mask, tokens, rationale_mask,
-                                                               loo=faith["loo"], flip_resolution=tier.flip_resolution)
+            section, equivalence_records = equivalence_section(
+                model, input_ids, attention_mask, tokens, rationale_mask, loo=faith.get("loo"),
+                flip_resolution=tier.flip_resolution)
         parts += section
     parts.append(f"<script>{script()}</script></body></html>")
     path = out / "report.html"

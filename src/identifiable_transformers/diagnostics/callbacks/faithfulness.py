@@ -245,7 +245,7 @@ class FaithfulnessCallback(pl.Callback):
         if not trainer.is_global_zero:
             return
         if sigterm_noted(trainer):  # noted in on_train_end, where Lightning's loops no longer stop: the run stops
-            log.info("faithfulness: end-of-fit stage skipped (SIGTERM received); the resumed run does it")
+            log.warning("faithfulness: end-of-fit stage skipped (SIGTERM received); the resumed run does it")
             return
         resumed = (getattr(self, "_resumed_epoch", None), getattr(self, "_resumed_stopped", None))
         if self.last_report is None and trainer.current_epoch - 1 in [e for e in resumed if e is not None]:

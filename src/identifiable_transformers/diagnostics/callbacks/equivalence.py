@@ -6,7 +6,8 @@ scores (the IdentifiabilityCallback's probe up to ``max_length`` tokens), logs `
 head of the last layer and per cumulative length bin) and writes ``<identifiability dir>/epoch_XXX/equivalence.json``
 (every row's ranges). The leave-one-out reference is the faithfulness callback's, when it scored the same
 examples this epoch (it runs first: conf/callbacks/default.yaml lists it before this one); else computed here.
-Turn off with ``callbacks.equivalence=null``.
+Turn off with ``callbacks.equivalence=null``. SIGTERM stops the pass between its chunks (whole length groups:
+the LPs are solved one length at a time either way): nothing is logged or written for that epoch.
 """
 
 from __future__ import annotations
@@ -26,13 +27,25 @@ from ..faithfulness import rationale_mask
 from ..faithfulness.equivalent import equivalent_explanations
 from .faithfulness import FaithfulnessCallback
 from .identifiability import IdentifiabilityCallback
-from .probes import DEFAULT_LENGTH_BINS, bin_key, bin_masks, check_length_bins, nanmean, scored_part
+from .probes import (
+    DEFAULT_LENGTH_BINS,
+    PassStopped,
+    bin_key,
+    bin_masks,
+    check_length_bins,
+    forget_metrics,
+    nanmean,
+    scored_part,
+    sigterm_check,
+    stopped_by_sigterm,
+)
 
 log = logging.getLogger(__name__)
 
 __all__ = ["EquivalenceCallback", "range_metrics"]
 
 PREFIX = "val/ident"
+CHUNK_EXAMPLES = 8  # examples per chunk of the pass (whole length groups): where SIGTERM can stop it
 
 
 def range_metrics(rep: dict[str, Any], layer: int, bins: Sequence[int] = ()) -> dict[str, float]:
@@ -132,14 +145,12 @@ class EquivalenceCallback(pl.Callback):
         if not trainer.is_global_zero:
             return
         t0 = time.perf_counter()
-        dev, batch = pl_module.device, probe["batch"]
-        rmask = None
-        if probe.get("rationales") is not None:
-            rmask = rationale_mask(probe["rationales"], batch["input_ids"].shape[1]).to(dev)
-        loo = self._loo(trainer, probe)
-        rep = equivalent_explanations(pl_module.model, batch["input_ids"].to(dev), batch["attention_mask"].to(dev),
-                                      rationale_mask=rmask, loo=None if loo is None else loo.to(dev),
-                                      token_ranges=self.token_ranges)
+        try:
+            rep = self._ranges(pl_module, probe, self._loo(trainer, probe), sigterm_check(trainer))
+        except PassStopped:
+            forget_metrics(trainer, self.last_metrics)
+            stopped_by_sigterm("equivalence ranges", trainer.current_epoch, t0)
+            return
         metrics = range_metrics(rep, rep["layer"], probe["length_bins"])
         metrics[f"{PREFIX}/equivalence_compute_s"] = time.perf_counter() - t0  # not range_*: no spread
         for key, value in metrics.items():
@@ -148,6 +159,49 @@ class EquivalenceCallback(pl.Callback):
         out = self._ident(trainer)._out_dir(trainer) / f"epoch_{trainer.current_epoch:03d}"
         out.mkdir(parents=True, exist_ok=True)
         atomic_write(out / "equivalence.json", json.dumps(_record(rep, probe)))
+
+
+    def _ranges(self, pl_module: pl.LightningModule, probe: dict[str, Any], loo: torch.Tensor | None,
+                check) -> dict[str, Any]:
+        """``equivalent_explanations`` on the probe, chunk after chunk (``check`` before each) and merged."""
+        dev, batch = pl_module.device, probe["batch"]
+        ids, mask = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
+        rmask = None
+        if probe.get("rationales") is not None:
+            rmask = rationale_mask(probe["rationales"], ids.shape[1]).to(dev)
+        parts = []
+        for rows in length_chunks(probe["lengths"], CHUNK_EXAMPLES):
+            check()
+            parts.append(equivalent_explanations(
+                pl_module.model, ids[rows], mask[rows], rationale_mask=None if rmask is None else rmask[rows],
+                loo=None if loo is None else loo[rows].to(dev), token_ranges=self.token_ranges))
+        return _concat(parts)
+
+
+def length_chunks(lengths, size: int) -> list[slice]:
+    """Consecutive runs of examples (sorted by length, as the probe is) of at least ``size`` examples, each made of
+    whole length groups, so that every length's block LP holds the same rows as on the whole probe."""
+    chunks, start = [], 0
+    for i in range(1, len(lengths) + 1):
+        if i == len(lengths) or (i - start >= size and lengths[i] != lengths[i - 1]):
+            chunks.append(slice(start, i))
+            start = i
+    return chunks
+
+
+def _concat(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One report from the reports of consecutive chunks: per-example tensors joined, the rest (layer,
+    objectives, guide) the same in every chunk."""
+    first = parts[0]
+    out: dict[str, Any] = {}
+    for key, value in first.items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            out[key] = torch.cat([p[key] for p in parts])
+        elif isinstance(value, dict):
+            out[key] = _concat([p[key] for p in parts])
+        else:
+            out[key] = value
+    return out
 
 
 def _record(rep: dict[str, Any], probe: dict[str, Any]) -> dict[str, Any]:

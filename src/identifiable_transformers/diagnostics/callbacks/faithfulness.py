@@ -11,6 +11,10 @@ a length (the explainers' erasure copies grow with the square of the length). At
 ``explanations.json`` (the last epoch's scores), runs the expensive tier (integrated gradients,
 adversarial attention) and writes ``faithfulness_final.json``; with a ``WandbLogger`` attached it
 also logs a ``wandb.Table`` of the probe explanations and the end-of-fit metrics.
+
+SIGTERM stops the per-epoch pass at its next explainer or erasure window (probes.sigterm_check, as the report's
+``say``): nothing is logged or written for that epoch. Its epoch is kept in the checkpoint, so that a resume with
+nothing left to train still finishes the end-of-fit tier; a SIGTERM noted before ``on_fit_end`` skips that tier.
 """
 
 from __future__ import annotations
@@ -44,7 +48,19 @@ from ..faithfulness import (
     unknown_explainers,
 )
 from .identifiability import IdentifiabilityCallback
-from .probes import DEFAULT_LENGTH_BINS, bin_key, bin_masks, check_length_bins, nanmean, scored_part
+from .probes import (
+    DEFAULT_LENGTH_BINS,
+    PassStopped,
+    bin_key,
+    bin_masks,
+    check_length_bins,
+    forget_metrics,
+    nanmean,
+    scored_part,
+    sigterm_check,
+    sigterm_noted,
+    stopped_by_sigterm,
+)
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +138,7 @@ class FaithfulnessCallback(pl.Callback):
         self.last_report: dict[str, Any] | None = None
         self.last_metrics: dict[str, float] | None = None
         self.last_epoch: int | None = None
+        self.stopped_epoch: int | None = None  # the last epoch whose pass SIGTERM stopped
         self.final_metrics: dict[str, float] | None = None
         self._scored: dict[str, Any] | None = None
 
@@ -164,10 +181,12 @@ class FaithfulnessCallback(pl.Callback):
         self._probe(trainer, pl_module)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"last_epoch": self.last_epoch}  # which epoch was scored last (in last.ckpt, for a resume)
+        # which epoch was scored last, and which one's pass SIGTERM stopped (in last.ckpt, for a resume)
+        return {"last_epoch": self.last_epoch, "stopped_epoch": self.stopped_epoch}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resumed_epoch = state.get("last_epoch")
+        self._resumed_stopped = state.get("stopped_epoch")
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
@@ -175,8 +194,15 @@ class FaithfulnessCallback(pl.Callback):
         probe = self._probe(trainer, pl_module)
         if not trainer.is_global_zero:
             return
-        with stage(f"Faithfulness diagnostics (epoch {trainer.current_epoch})", bar=bar_on(trainer)):
-            report, metrics = self._score(pl_module, probe)
+        t0 = time.perf_counter()
+        try:
+            with stage(f"Faithfulness diagnostics (epoch {trainer.current_epoch})", bar=bar_on(trainer)):
+                report, metrics = self._score(pl_module, probe, sigterm_check(trainer))
+        except PassStopped:
+            forget_metrics(trainer, self.last_metrics)
+            self.stopped_epoch = trainer.current_epoch
+            stopped_by_sigterm("faithfulness diagnostics", trainer.current_epoch, t0)
+            return
         for key, value in metrics.items():
             pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
         self.last_report, self.last_metrics, self.last_epoch = report, metrics, trainer.current_epoch
@@ -184,20 +210,27 @@ class FaithfulnessCallback(pl.Callback):
         out.mkdir(parents=True, exist_ok=True)
         atomic_write(out / "faith_metrics.json", json.dumps({k: _finite(v) for k, v in metrics.items()}, indent=1))
 
-    def _score(self, pl_module: pl.LightningModule, probe: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
-        """The cheap explainers' report on the probe and its ``val/faith/*`` metrics."""
+    def _score(self, pl_module: pl.LightningModule, probe: dict[str, Any], check=None
+               ) -> tuple[dict[str, Any], dict[str, float]]:
+        """The cheap explainers' report on the probe and its ``val/faith/*`` metrics. ``check``
+        (probes.sigterm_check): run before the report, as its ``say`` (each explainer and erasure window) and before
+        the uniform-attention gap; it stops the pass by raising."""
         t0 = time.perf_counter()
         batch = probe["batch"]
         dev = pl_module.device
         rationales = self._rationale_mask(probe)
         ids, mask = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
+        if check is not None:
+            check()
         # labels=None: the uniform-attention gap is computed here, per example, so that it splits into length bins
         report = faithfulness_report(pl_module.model, ids, mask, None, explainers=self.explainers, seed=self.seed,
                                      rationale_mask=None if rationales is None else rationales.to(dev),
-                                     random_draws=self.random_draws)
+                                     random_draws=self.random_draws, say=check)
         metrics = {f"{PREFIX}/{k}": v for k, v in report["metrics"].items()}
         labels = batch.get("labels")
         if labels is not None:
+            if check is not None:
+                check()
             labels = labels.to(dev)
             uniform = uniform_attention_logits(pl_module.model, ids, mask).argmax(-1)
             report["per_example"]["uniform_acc_gap"] = ((report["predicted"] == labels).double()
@@ -211,13 +244,18 @@ class FaithfulnessCallback(pl.Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero:
             return
-        resumed = getattr(self, "_resumed_epoch", None)
-        if self.last_report is None and resumed is not None and resumed == trainer.current_epoch - 1:
-            # A resume with nothing left to train (the run stopped in this stage, or after it): its last validation
-            # scored these same final weights; score them again so that the end-of-fit stage is finished.
-            log.info("faithfulness: finishing the end-of-fit stage of the resumed run (epoch %d)", resumed)
+        if sigterm_noted(trainer):  # noted in on_train_end, where Lightning's loops no longer stop: the run stops
+            log.warning("faithfulness: end-of-fit stage skipped (SIGTERM received); the resumed run does it")
+            return
+        resumed = (getattr(self, "_resumed_epoch", None), getattr(self, "_resumed_stopped", None))
+        if self.last_report is None and trainer.current_epoch - 1 in [e for e in resumed if e is not None]:
+            # A resume with nothing left to train (the run stopped in this stage, or after it, or SIGTERM stopped
+            # the last validation's pass): that validation scored, or would have scored, these same final weights;
+            # score them now so that the end-of-fit stage is finished.
+            log.info("faithfulness: finishing the end-of-fit stage of the resumed run (epoch %d)",
+                     trainer.current_epoch - 1)
             self.last_report, self.last_metrics = self._score(pl_module, self._probe(trainer, pl_module))
-            self.last_epoch = resumed
+            self.last_epoch = trainer.current_epoch - 1
         if self.last_report is None:
             return
         probe = self._probe(trainer, pl_module)

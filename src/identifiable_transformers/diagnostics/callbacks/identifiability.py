@@ -8,7 +8,8 @@ the per-head values as a table every epoch (``val/ident/heads``) and, at the end
 the probe examples with their attention maps (``val/ident/probe``). The probe spans the lengths up
 to the data's ``max_length``, stratified by length (probes.py), and every overall metric is also logged per
 cumulative length bin (``val/ident/len_le_B/...``). Only global rank 0 computes, logs and writes files;
-the maths (one batched float64 SVD per distinct length) runs on the module's device.
+the maths (one batched float64 SVD per distinct length) runs on the module's device. SIGTERM stops the pass
+between its chunks (probes.sigterm_check): nothing is logged or written for that epoch.
 """
 
 from __future__ import annotations
@@ -29,16 +30,22 @@ from ...common.files import atomic_write
 from ...common.progress import bar_on, stage
 from ...tracking.wandb_logging import log_epoch_media, logged_step, wandb_loggers
 from ..maths import attention_identifiability, identifiable_length
+from ..maths.internals import merge_reports
 from ..maths.key_aware_heads import key_aware_unsupported
 from .media import IdentifiabilityMedia, _render, attention_image  # noqa: F401 (re-exported)
 from .probes import (
     DEFAULT_LENGTH_BINS,
+    PassStopped,
     bin_key,
     bin_masks,
     check_length_bins,
     doubling_strata,
+    forget_metrics,
     resolve_length_bins,
     select_probe_indices,
+    sigterm_check,
+    sigterm_noted,
+    stopped_by_sigterm,
 )
 
 log = logging.getLogger(__name__)
@@ -302,19 +309,37 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         probe = self._ensure_probe(trainer, pl_module)
         if not trainer.is_global_zero:
             return
-        with stage(f"Identifiability diagnostics (epoch {trainer.current_epoch})", bar=bar_on(trainer)):
-            self._epoch_diagnostics(trainer, pl_module, probe)
-
-    def _epoch_diagnostics(self, trainer: pl.Trainer, pl_module: pl.LightningModule, probe: dict[str, Any]) -> None:
         t0 = time.perf_counter()
-        batch = probe["batch"]
-        report = attention_identifiability(
-            pl_module.model,
-            batch["input_ids"].to(pl_module.device),
-            batch["attention_mask"].to(pl_module.device),
-            device=self.maths_device(pl_module),
-            chunk_size=self.chunk_size,
-        )
+        try:
+            with stage(f"Identifiability diagnostics (epoch {trainer.current_epoch})", bar=bar_on(trainer)):
+                self._epoch_diagnostics(trainer, pl_module, probe, sigterm_check(trainer))
+        except PassStopped:
+            forget_metrics(trainer, self.last_metrics)
+            stopped_by_sigterm("identifiability diagnostics", trainer.current_epoch, t0)
+
+    def _identifiability(self, pl_module: pl.LightningModule, batch: dict[str, Any], check) -> dict[str, Any]:
+        """``attention_identifiability`` on the probe, ``check`` before each chunk: the chunks of its own
+        ``chunk_size`` (grouped by length, in the same order, the model at the probe's width), so the same report."""
+        model, device = pl_module.model, self.maths_device(pl_module)
+        ids, mask = batch["input_ids"].to(pl_module.device), batch["attention_mask"].to(pl_module.device)
+        if self.chunk_size is None:
+            check()
+            return attention_identifiability(model, ids, mask, device=device)
+        order = torch.argsort(mask.bool().sum(-1).cpu(), stable=True)
+        parts = []
+        for lo in range(0, len(order), self.chunk_size):
+            check()
+            idx = order[lo : lo + self.chunk_size]
+            rows = idx.to(ids.device)
+            parts.append((idx, attention_identifiability(model, ids[rows], mask[rows], device=device)))
+        return merge_reports(parts, len(order))
+
+    def _epoch_diagnostics(self, trainer: pl.Trainer, pl_module: pl.LightningModule, probe: dict[str, Any],
+                           check=lambda: None) -> None:
+        """Compute, log and write one epoch's diagnostics; ``check`` (probes.sigterm_check) runs between chunks and
+        stops the pass with PassStopped before anything is logged."""
+        t0 = time.perf_counter()
+        report = self._identifiability(pl_module, probe["batch"], check)
         metrics = summarize_report(report, bins=probe["length_bins"])
         bounds = probe["bounds"]
         metrics["val/ident/identifiable_length"] = float(bounds["head"])
@@ -323,7 +348,7 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         epoch = trainer.current_epoch
         every = self.key_aware_every_n_epochs
         if self.key_aware_examples and every and (epoch + 1) % every == 0:
-            metrics.update(self._key_aware(trainer, pl_module, f"epoch_{epoch:03d}"))
+            metrics.update(self._key_aware(trainer, pl_module, f"epoch_{epoch:03d}", check))
         for key, value in metrics.items():
             if self.per_head_scalars or not _PER_HEAD_KEY.match(key):
                 pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=False, rank_zero_only=True)
@@ -337,12 +362,14 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
             self._head_rows += head_rows(report, epoch)  # all epochs so far: the newest table shows the history
             log_epoch_media(trainer, {"val/ident/heads": wandb.Table(columns=HEAD_COLUMNS, data=self._head_rows)},
                             epoch, logged_step(trainer), same_row=True)
-        if self._plots_now(trainer):
+        if self._plots_now(trainer) and not sigterm_noted(trainer):  # the numbers are kept; figures can wait
             self._plot(trainer, pl_module, report, probe, out)
 
     # ------------------------------------------------------------------------------- key-aware
-    def _key_aware(self, trainer: pl.Trainer, pl_module: pl.LightningModule, folder: str) -> dict[str, float]:
-        """The key-aware count on the long probe sentences; writes ``<folder>/key_aware.json``."""
+    def _key_aware(self, trainer: pl.Trainer, pl_module: pl.LightningModule, folder: str,
+                   check=None) -> dict[str, float]:
+        """The key-aware count on the long probe sentences (``check`` before each); writes
+        ``<folder>/key_aware.json``."""
         from .key_aware_probe import key_aware_batch, key_aware_metrics, select_key_aware_examples
 
         reason = key_aware_unsupported(pl_module.model)
@@ -361,7 +388,7 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
             batch = key_aware_batch([ds[i] for i, _ in chosen], [n for _, n in chosen], model.pad_id)
             self._key_aware_probe = {"indices": [i for i, _ in chosen], "batch": batch, "max_length": cap}
         probe = self._key_aware_probe
-        metrics, record = key_aware_metrics(pl_module.model, probe["batch"], pl_module.device)
+        metrics, record = key_aware_metrics(pl_module.model, probe["batch"], pl_module.device, check=check)
         out = self._out_dir(trainer) / folder
         out.mkdir(parents=True, exist_ok=True)
         record.update(indices=probe["indices"], max_length=probe["max_length"], metrics=metrics)
@@ -369,14 +396,17 @@ class IdentifiabilityCallback(IdentifiabilityMedia, pl.Callback):
         return metrics
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.key_aware_examples and self.key_aware_every_n_epochs is None and trainer.is_global_zero:
+        # SIGTERM noted where Lightning's loops no longer stop (on_train_end): the run stops after this hook
+        final_count = self.key_aware_examples and self.key_aware_every_n_epochs is None
+        if final_count and trainer.is_global_zero and not sigterm_noted(trainer):
             # once, with the final weights: no epoch is being logged any more, so go to the loggers directly
             metrics = self._key_aware(trainer, pl_module, "final")
             trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
         self._flush(trainer, wait=True)
-        if self.wandb_tables and self.last_report is not None and trainer.is_global_zero and wandb_loggers(trainer):
+        if (self.wandb_tables and self.last_report is not None and trainer.is_global_zero
+                and not sigterm_noted(trainer) and wandb_loggers(trainer)):
             self._log_probe_table(trainer, pl_module)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

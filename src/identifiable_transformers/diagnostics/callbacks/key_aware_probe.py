@@ -10,7 +10,7 @@ per head, the alternatives the head itself could produce (``key_aware_alternativ
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -73,8 +73,20 @@ def key_aware_batch(rows: Sequence[dict[str, Any]], cut: Sequence[int], pad_id: 
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def key_aware_metrics(model: torch.nn.Module, batch: dict[str, torch.Tensor],
-                      device=None) -> tuple[dict[str, float], dict]:
+def _per_example(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
+                 check: Callable[[], None]) -> dict[str, Any]:
+    """``key_aware_alternative_dims`` one example at a time (at the batch's width, as on the whole batch), with
+    ``check`` before each: every count is per example, so the merged result is the whole batch's."""
+    parts = []
+    for b in range(len(ids)):
+        check()
+        parts.append(key_aware_alternative_dims(model, ids[b : b + 1], mask[b : b + 1]))
+    return {k: torch.cat([p[k] for p in parts]) if isinstance(parts[0][k], torch.Tensor)
+            else [row for p in parts for row in p[k]] for k in parts[0]}
+
+
+def key_aware_metrics(model: torch.nn.Module, batch: dict[str, torch.Tensor], device=None,
+                      check: Callable[[], None] | None = None) -> tuple[dict[str, float], dict]:
     """Logged means and a JSON-able record of the key-aware count on ``batch``.
 
     ``val/ident/key_aware_alternative_dim``: mean over the *resolved* (example, head) pairs (margin >=
@@ -82,13 +94,14 @@ def key_aware_metrics(model: torch.nn.Module, batch: dict[str, torch.Tensor],
     ``key_aware_identifiable_frac``: share of resolved pairs with no generatable alternative;
     ``key_aware_unresolved_frac``: share of pairs whose count float64 cannot decide (left out of both);
     ``key_agnostic_alternative_dim``: the mean over all pairs of n (n - rank[T, 1]);
-    ``key_aware_length_max``: the longest probe; ``key_aware_compute_s``.
+    ``key_aware_length_max``: the longest probe; ``key_aware_compute_s``. ``check`` (probes.sigterm_check): run
+    before each example, to stop the count between them.
     """
     t0 = time.perf_counter()
     ids, mask = batch["input_ids"], batch["attention_mask"]
     if device is not None:
         ids, mask = ids.to(device), mask.to(device)
-    res = key_aware_alternative_dims(model, ids, mask)
+    res = key_aware_alternative_dims(model, ids, mask) if check is None else _per_example(model, ids, mask, check)
     alt, agn, ok = res["alternative_dim"][res["resolved"]].double(), res["key_agnostic_dim"].double(), res["resolved"]
     nan = float("nan")
     metrics = {

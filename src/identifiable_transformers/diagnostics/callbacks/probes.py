@@ -10,13 +10,17 @@ lengths. Without strata the whole range is one interval (the draw ``analyze.py``
 Length bins (``resolve_length_bins``) are cumulative, "up to" bins: the bin ``len_le_B`` holds every probe
 example with at most B tokens (``<cls>`` included), so ``len_le_<max_length>`` is the whole probe. Bins are
 given as token counts or as the symbols of ``LENGTH_BIN_SYMBOLS``, resolved per model and data.
+
+A pass stops early on SIGTERM (``PassStopped``, ``sigterm_check``): Lightning only notes the signal and stops its
+loops between batches, so a pass that ran to its end would hold the run's stop back by its whole length.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,8 +28,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_LENGTH_BINS", "LENGTH_BIN_SYMBOLS", "bin_key", "check_length_bins", "doubling_strata",
-           "resolve_length_bins", "select_probe_indices"]
+__all__ = ["DEFAULT_LENGTH_BINS", "LENGTH_BIN_SYMBOLS", "PassStopped", "bin_key", "check_length_bins",
+           "doubling_strata", "resolve_length_bins", "select_probe_indices", "sigterm_check",
+           "sigterm_noted"]
 
 # symbol -> what it stands for (docs/diagnostics.md, "Length bins")
 LENGTH_BIN_SYMBOLS = {
@@ -182,3 +187,44 @@ def scored_part(probe: dict[str, Any], model, max_length, length_bins: Sequence,
         log.info("%s: scoring the %d of %d probe examples with at most %d tokens (max_length=%s)",
                  key, k, len(probe["lengths"]), limit, max_length)
     return {**first_examples(probe, k), "length_bins": [b for b in resolve(length_bins) if b <= limit]}
+
+
+class PassStopped(Exception):
+    """SIGTERM arrived during a per-epoch diagnostic pass: the pass ends without logging or writing its numbers."""
+
+
+def sigterm_check(trainer) -> Callable[..., None]:
+    """A function that raises :class:`PassStopped` once SIGTERM has arrived, for a pass to call between its chunks.
+
+    Inside ``trainer.fit`` Lightning's handler only sets ``trainer.received_sigterm`` (run/training.py's handler
+    records it too) and the loops stop after the current batch; the validation's end, where the passes run, comes
+    first. Stopped there, the pass lets the run save ``last.ckpt`` with the epoch's training and print its resume
+    line at once. Ctrl-C needs no check: Python raises KeyboardInterrupt wherever the run is. The function takes
+    and ignores one line, so that it also serves as the ``say`` of a faithfulness report (told at each explainer
+    and each erasure window)."""
+
+    def check(_line: str = "") -> None:
+        if sigterm_noted(trainer):
+            raise PassStopped
+
+    return check
+
+
+def sigterm_noted(trainer) -> bool:
+    """Whether SIGTERM has arrived during this ``fit``/``validate``/``test`` (Lightning's ``received_sigterm``)."""
+    return bool(getattr(trainer, "received_sigterm", False))
+
+
+def forget_metrics(trainer, keys) -> None:
+    """Drop ``keys`` (a stopped pass's, as its last complete pass logged them) from ``trainer.callback_metrics``:
+    Lightning keeps an earlier epoch's values there, and the run's history and metrics.json would read them as
+    this epoch's."""
+    metrics = trainer.callback_metrics
+    for key in keys or ():
+        metrics.pop(key, None)
+
+
+def stopped_by_sigterm(what: str, epoch: int, started: float) -> None:
+    """Say that a pass stopped on SIGTERM and that its epoch has none of its numbers."""
+    log.warning("%s of epoch %d stopped by SIGTERM after %.1f s: nothing logged or written for that epoch",
+                what, epoch, time.perf_counter() - started)

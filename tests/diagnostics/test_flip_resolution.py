@@ -21,21 +21,26 @@ def _full_curve(model, seq, order):
 
 
 def _grid_answer(curve, resolution):
-    """What the grid scan must report, from the full curve: the first flip among the points it evaluates (every
-    g-th removal, the last, and the removals comprehensiveness runs anyway: the top ceil(k n / 100)), then among
-    the removals between the grid point before it and it; 1.0 when none of those points flips."""
+    """What the grid scan must report, from the full curve, by an explicit loop: the first flip among the points
+    it evaluates (every g-th removal, the last, and the removals comprehensiveness runs anyway: the top
+    ceil(k n / 100)); then, between the point before it and it, the same on a grid a quarter as wide, down to
+    single removals; 1.0 when none of the first points flips."""
     n = len(curve)
     g = -(-n // resolution)
-    comprehensiveness = {min(n, max(1, -(-k * n // 100))) for k in F.AOPC_BINS}
-    grid = sorted({*range(g, n + 1, g), n, *comprehensiveness})
-    first = next((s for s in grid if curve[s - 1]), None)
-    if first is None:
+    evaluated = {*range(g, n + 1, g), n, *(min(n, max(1, -(-k * n // 100))) for k in F.AOPC_BINS)}
+    hi = next((s for s in sorted(evaluated) if curve[s - 1]), None)
+    if hi is None:
         return 1.0
-    before = (first - 1) // g * g
-    return next(s for s in range(before + 1, first + 1) if curve[s - 1]) / n
+    lo = (hi - 1) // g * g
+    while hi - lo > 1:
+        sub = -(-(hi - lo) // 4)
+        evaluated |= {lo + sub * k for k in range(1, 4) if lo + sub * k < hi}
+        hi = next(s for s in sorted(evaluated) if lo < s <= hi and curve[s - 1])
+        lo = max(s for s in {lo, *(lo + sub * k for k in range(1, 4))} if s < hi)
+    return hi / n
 
 
-@pytest.mark.parametrize("resolution", [3, 7])
+@pytest.mark.parametrize("resolution", [2, 3, 7])
 def test_grid_scan_against_the_full_curve(resolution):
     model = random_model(layers=2, pooling="mean", seed=3)
     with torch.no_grad():

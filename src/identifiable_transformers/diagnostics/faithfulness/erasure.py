@@ -10,8 +10,9 @@ removals) runs once. The numbers are those of running every copy.
 
 At the lengths of real texts (512 word pieces) a curve that never flips costs n copies of up to n tokens, for each
 explainer and random draw: ``flip_resolution`` then scans a grid of evenly spaced removals and, once a grid point
-has flipped, every removal since the last unflipped one. Comprehensiveness and sufficiency are unchanged; the flip
-fraction is the exact one unless an earlier flip reverted within one stride (docs/faithfulness.md says how often).
+has flipped, narrows the gap since the last unflipped one on finer grids down to one removal. Comprehensiveness and
+sufficiency are unchanged; the flip fraction is the exact one unless an earlier flip reverted within one step of a
+grid (docs/faithfulness.md says how often).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .readout import _MaskedCopies
 AOPC_BINS = (1, 5, 10, 20, 50)  # percent of the real tokens (ERASER, DeYoung et al. 2020)
 _FIRST_WINDOW = 4  # removals scanned in the first window, and at least in each next one
 _WINDOW_SHARE = 4  # each next window: a quarter of the scanned prefix (scanning past the flip costs at most that)
+_REFINE = 4  # flip_resolution: each refinement divides the gap around the first flip into this many steps
 
 
 def _erasure_metrics(model, ids: Tensor, mask: Tensor, scores: dict[str, Tensor], pred: Tensor, prob: Tensor,
@@ -36,8 +38,9 @@ def _erasure_metrics(model, ids: Tensor, mask: Tensor, scores: dict[str, Tensor]
     """comprehensiveness, sufficiency (AOPC over AOPC_BINS) and flip_frac per example, for each explainer.
     ``say``: told after each window of the removal curves how far the scan is (None: silently).
     ``flip_resolution`` (None: every removal): scan the removal curve at most that many evenly spaced points per
-    example (every ceil(n / flip_resolution)-th removal, and the last), then every removal between the last
-    unflipped point and the first flipped one; exact for n <= flip_resolution."""
+    example (every ceil(n / flip_resolution)-th removal, and the last), then narrow the gap between the last
+    unflipped point and the first flipped one on grids a quarter as wide, down to one removal; exact for
+    n <= flip_resolution."""
     B, T = mask.shape
     dev = mask.device
     names = list(scores)
@@ -101,18 +104,26 @@ def _erasure_metrics(model, ids: Tensor, mask: Tensor, scores: dict[str, Tensor]
             say(f"erasure: {len(ea)} of {E * B} removal curves still unflipped, scanned to s <= {int(hi.max())} of "
                 f"{int(n.max())} tokens ({copies_run} removal copies so far)")
     if flip_resolution:
-        # Between the last unflipped grid point and the first flipped one every removal is evaluated, so the first
-        # flip found is exact unless an earlier flip reverted within one stride.
+        # The first flip is then between the grid point before the first flipped one (lo, unflipped) and it (hi):
+        # the gap is searched on a grid a quarter as wide, and so on down to single removals. The flip found is the
+        # exact first flip unless an earlier flip reverted within one step of a grid.
         f = flipped & (steps <= n[:, None])
         ef, bf = f.any(-1).nonzero(as_tuple=True)
-        first = f[ef, bf].float().argmax(-1) + 1  # (F,) the first flipped grid point
-        g = stride[bf]
-        s = first[:, None] - torch.arange(1, int(g.max()) if len(g) else 1, device=dev)  # (F, g - 1) just before it
-        todo = s > ((first - 1) // g * g)[:, None]  # after the grid point before it (n itself may be off the grid)
-        row, col = todo.nonzero(as_tuple=True)
-        run(ef[row], bf[row], K + s[row, col] - 1)
-        if say is not None and len(row):
-            say(f"erasure: {len(row)} copies between the last unflipped and the first flipped grid point")
+        hi = f[ef, bf].float().argmax(-1) + 1  # (F,) the first flipped point evaluated
+        lo = (hi - 1) // stride[bf] * stride[bf]  # the grid point before it (n itself may be off the grid)
+        refined = 0
+        while len(hi) and bool((hi - lo > 1).any()):
+            sub = (hi - lo + _REFINE - 1) // _REFINE  # (F,) the finer grid's step
+            s = lo[:, None] + sub[:, None] * torch.arange(1, _REFINE, device=dev)  # (F, _REFINE - 1)
+            todo = (s < hi[:, None]) & p[ef[:, None], bf[:, None], K + s.clamp(max=T) - 1].isnan()
+            row, col = todo.nonzero(as_tuple=True)
+            run(ef[row], bf[row], K + s[row, col] - 1)
+            refined += len(row)
+            window = flipped[ef, bf] & (steps > lo[:, None]) & (steps <= hi[:, None])  # hi itself has flipped
+            hi = window.float().argmax(-1) + 1
+            lo = lo + sub * ((hi - lo - 1) // sub)  # the finer grid's point before the new hi: evaluated, unflipped
+        if say is not None and refined:
+            say(f"erasure: {refined} copies narrowing each flip down to one removal")
 
     has = n > 0
     nan = torch.full((B,), math.nan, device=dev)

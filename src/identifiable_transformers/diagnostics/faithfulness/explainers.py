@@ -83,6 +83,16 @@ def _grad_input(model, input_ids: Tensor, mask: Tensor, target: Tensor) -> Tenso
     return attr.attribute(input_ids, target=target, additional_forward_args=(mask,)).sum(-1)
 
 
+_IG_TOKENS = 2048  # tokens per forward and backward pass of integrated gradients' interpolation steps
+
+
+def _ig_rows(shape: tuple[int, int], n_steps: int) -> int:
+    """Rows (example x step) per pass: at least the batch, and several steps of a short batch at once (one row at a
+    time, a 512-token text runs at a quarter of the batched speed), within ``_IG_TOKENS`` tokens."""
+    B, T = shape
+    return max(B, min(B * n_steps, _IG_TOKENS // max(T, 1)))
+
+
 def integrated_gradients(
     model, input_ids: Tensor, attention_mask: Tensor | None = None, *, n_steps: int = 32, target: Tensor | None = None,
     internal_batch_size: int | None = None,
@@ -103,7 +113,8 @@ def integrated_gradients(
         lig = LayerIntegratedGradients(lambda i, m: _logits(model, i, m), model.token_embedding)
         attr, delta = lig.attribute(
             ids, baselines=torch.full_like(ids, model.pad_id), target=target, additional_forward_args=(mask,),
-            n_steps=n_steps, internal_batch_size=internal_batch_size or ids.shape[0], return_convergence_delta=True,
+            n_steps=n_steps, internal_batch_size=internal_batch_size or _ig_rows(ids.shape, n_steps),
+            return_convergence_delta=True,
         )
         return _finish(attr.sum(-1), mask, _pinned(model, ids)), delta.detach().float()
 

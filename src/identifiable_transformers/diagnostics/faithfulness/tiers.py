@@ -6,11 +6,11 @@ zeroing n copies of every layer's rest. A tier says which explainers run and how
 computed:
 
 - ``all``: every explainer (integrated gradients too), the 10 draws of the random control, the removal curves on a
-  grid of at most 64 points per example (exact up to 64 scorable tokens; erasure.py says what the grid changes),
-  the output-equivalence linear programs;
+  grid of at most 32 points per example, narrowed down to single removals around the first flip (exact up to 32
+  scorable tokens; erasure.py says what the grid changes), the output-equivalence linear programs;
 - ``cheap``: the same without integrated gradients (text mode's default, as before tiers existed);
 - ``fast``: the explainers that cost about one forward and backward pass (no leave-one-out, hence no tau with it,
-  no value zeroing, no integrated gradients), 3 random draws, removal curves on at most 16 points, and no
+  no value zeroing, no integrated gradients), 3 random draws, removal curves on at most 8 points, and no
   output-equivalence programs (their guide objective is the leave-one-out agreement).
 """
 
@@ -31,7 +31,7 @@ class Tier:
 
     explainers: tuple[str, ...]
     random_draws: int = RANDOM_DRAWS
-    flip_resolution: int | None = 64  # removal-curve points per example (None: every removal)
+    flip_resolution: int | None = 32  # removal-curve grid points per example (None: every removal)
     loo: bool = True  # leave-one-out (tau_loo, and the equivalence programs' loo objective)
     equivalence: bool = True  # the output-equivalence linear programs
 
@@ -39,7 +39,7 @@ class Tier:
 TIERS = {
     "all": Tier(EXPLAINERS),
     "cheap": Tier(CHEAP_EXPLAINERS),
-    "fast": Tier(FAST_EXPLAINERS, random_draws=3, flip_resolution=16, loo=False, equivalence=False),
+    "fast": Tier(FAST_EXPLAINERS, random_draws=3, flip_resolution=8, loo=False, equivalence=False),
 }
 
 

@@ -106,7 +106,8 @@ def value_zeroing(model, input_ids: Tensor, attention_mask: Tensor | None = None
         return torch.stack([_normalise_rows(_value_zeroing_layer(blk, mask), mask) for blk in blocks], 1)
 
 
-def token_decomposition(A: Tensor, f: Tensor, x: Tensor, out_bias: Tensor | None, norm) -> Tensor:
+def token_decomposition(A: Tensor, f: Tensor, x: Tensor, out_bias: Tensor | None, norm,
+                        queries: slice | None = None) -> Tensor:
     """(B, T, T, d): T_i(x_j), the part of query i's normed attention residual output due to token j.
 
     A (B, H, T, T) attention weights, f (B, H, T, d) the per-head value vectors f_h(x_j), x (B, T, d) the layer
@@ -114,7 +115,8 @@ def token_decomposition(A: Tensor, f: Tensor, x: Tensor, out_bias: Tensor | None
     j it gives ``LN(x + a) - beta - L_i(b_o)`` for a LayerNorm (``x + a - b_o`` without one), a = sum_h A_h f_h +
     b_o. L_i is linear, so it is applied to f and x before the (B, T, T, d) product (one pass over it): centring
     and gamma to the vectors, 1 / s_i to query i's attention row and residual. In the inputs' dtype (float32 at
-    least).
+    least). ``queries`` (a slice of query rows): only those rows, (B, Q, T, d), so that a long input's product is
+    built a few rows at a time (the LayerNorm's scale still comes from the whole row).
     """
     dtype = torch.promote_types(x.dtype, torch.float32)
     A, f, x = A.to(dtype), f.to(dtype), x.to(dtype)
@@ -127,8 +129,10 @@ def token_decomposition(A: Tensor, f: Tensor, x: Tensor, out_bias: Tensor | None
         f = (f - f.mean(-1, keepdim=True)) * gamma
         x = (x - x.mean(-1, keepdim=True)) * gamma * inv_s[..., None]
         A = A * inv_s[:, None, :, None]
-    u = torch.einsum("bhqk,bhkd->bqkd", A, f)
-    u.diagonal(dim1=1, dim2=2).add_(x.transpose(1, 2))  # the residual: token i's own input, only to itself
+    q = queries or slice(0, A.shape[-2])
+    u = torch.einsum("bhqk,bhkd->bqkd", A[:, :, q], f)  # (B, Q, T, d)
+    rows = torch.arange(u.shape[1], device=u.device)
+    u[:, rows, rows + q.start] += x[:, q]  # the residual: token i's own input, only to itself
     return u
 
 
@@ -174,15 +178,24 @@ def _decomposition_maps(blocks, mask: Tensor, kinds: Sequence[str]) -> dict[str,
             sl = slice(s, s + step)
             n = int(mask[sl].sum(1).max())  # right padding: the chunk's padded tail is cut (probes come sorted)
             m = mask[sl, :n]
-            Td = token_decomposition(blk.internals.attention[sl, :, :n, :n], f[sl, :, :n], blk.x[sl, :n],
-                                     blk.out_bias, blk.norm)
-            Td = Td * m[:, None, :, None]  # padded keys contribute nothing (their weight is 0 but for i = j)
+            y = _block_output(blk, sl, n, torch.promote_types(blk.x.dtype, torch.float32)) if "alti" in kinds else None
+            rows: dict[str, list[Tensor]] = {k: [] for k in kinds}
+            # a long input's (n, n, d) product a few query rows at a time (512 word pieces of MiniLM: 400 MB at once)
+            q_step = max(1, _CHUNK_ELEMENTS // (m.shape[0] * n * d))
+            for q0 in range(0, n, q_step):
+                q = slice(q0, min(n, q0 + q_step))
+                Td = token_decomposition(blk.internals.attention[sl, :, :n, :n], f[sl, :, :n], blk.x[sl, :n],
+                                         blk.out_bias, blk.norm, queries=q)
+                Td = Td * m[:, None, :, None]  # padded keys contribute nothing (their weight is 0 but for i = j)
+                if "alti" in kinds:
+                    rows["alti"].append(alti_from_decomposition(Td, y[:, q]))
+                if "norm_resln" in kinds:
+                    rows["norm_resln"].append(Td.norm(dim=-1))
             if "alti" in kinds:
-                y = _block_output(blk, sl, n, Td.dtype)
-                parts["alti"].append(F.pad(_clipped_rows_keep_self(alti_from_decomposition(Td, y), m),
+                parts["alti"].append(F.pad(_clipped_rows_keep_self(torch.cat(rows["alti"], 1), m),
                                            (0, T - n, 0, T - n)))
             if "norm_resln" in kinds:
-                parts["norm_resln"].append(F.pad(Td.norm(dim=-1), (0, T - n, 0, T - n)))
+                parts["norm_resln"].append(F.pad(torch.cat(rows["norm_resln"], 1), (0, T - n, 0, T - n)))
         for k in kinds:
             maps[k].append(_normalise_rows(torch.cat(parts[k]), mask).float())
     return {k: torch.stack(v, 1) for k, v in maps.items()}

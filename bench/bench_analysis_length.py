@@ -122,14 +122,32 @@ def _child(args) -> None:
     tokens = tokens_for_batch(tokenizer, ids, mask)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     t0, c0 = time.perf_counter(), time.process_time()
-    with tempfile.TemporaryDirectory() as out, recorded_stages() as stages:
+    with tempfile.TemporaryDirectory() as tmp, recorded_stages() as stages:
+        out = Path(args.out) / f"{args.explainers}_{args.length}" if args.out else Path(tmp)
         build_report(model, ids, mask, out, tokens=tokens, texts=[text], label_names=model.label_names,
                      explainers=args.explainers)
-        size = (Path(out) / "report.html").stat().st_size
+        size = (out / "report.html").stat().st_size
     stages["total"] = [time.perf_counter() - t0, time.process_time() - c0]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"length": int(mask.sum()), "stages": stages, "peak_mb": peak, "before_mb": rss0,
                       "html_bytes": size}))
+
+
+def _compare(out: Path) -> None:
+    """Per length and explainer, the fast tier's metrics minus the full tier's (report.json's per-example metrics)."""
+    for fast in sorted(out.glob("fast_*"), key=lambda p: int(p.name.split("_")[1])):
+        full = out / fast.name.replace("fast_", "all_")
+        if not (full / "report.json").is_file():
+            continue
+        metrics = [{e: m for r in json.loads((d / "report.json").read_text())["faithfulness"]
+                    for e, m in r["metrics"].items()} for d in (full, fast)]
+        print(f"{fast.name.split('_')[1]} tokens: fast - full, per explainer (n/a: not computed by the fast tier)")
+        for e, m in metrics[1].items():
+            cells = []
+            for k, v in m.items():
+                w = metrics[0][e].get(k)
+                cells.append(f"{k} {'n/a' if v is None or w is None else f'{v - w:+.3f}'}")
+            print(f"  {e:<12} " + ", ".join(cells))
 
 
 def main() -> None:
@@ -141,6 +159,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--fit-reviews", type=int, default=1000)
     ap.add_argument("--head-std", type=float, default=1.0)
+    ap.add_argument("--out", help="keep each report in OUT/<tier>_<length>/ (else a temporary folder)")
+    ap.add_argument("--compare", metavar="OUT", help="print how far the fast tier's metrics are from the full "
+                    "tier's, per explainer, from the reports kept in OUT (by two runs with --out OUT); no run")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--folder", help=argparse.SUPPRESS)
     ap.add_argument("--length", type=int, help=argparse.SUPPRESS)
@@ -149,12 +170,15 @@ def main() -> None:
     if args.child:
         _child(args)
         return
+    if args.compare:
+        _compare(Path(args.compare))
+        return
     folder = _minilm_folder(args.fit_reviews) if args.model == "minilm" else _bert_base_folder(args.head_std)
     results = []
     for length in [int(x) for x in args.lengths.split(",")]:
         load = os.getloadavg()[0]
         cmd = [sys.executable, __file__, "--child", "--folder", str(folder), "--length", str(length),
-               "--fit-reviews", str(args.fit_reviews),
+               "--fit-reviews", str(args.fit_reviews), *(["--out", args.out] if args.out else []),
                "--threads", str(args.threads), "--explainers", "all" if args.tier == "full" else "fast"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:

@@ -38,6 +38,7 @@ def test_each_stage_and_every_tenth_example_is_a_log_line(tmp_path, caplog, caps
     assert [m if m.endswith("...") else m[:m.index(": done in") + 9] for m in lines[9:]] == \
         [f"{equivalence} ...", f"{equivalence}: done in"]
     assert "examples" not in capsys.readouterr().err  # no bar when stderr is not a terminal
+    assert "identifiability: layer 1/1 done (2 heads, 3 example(s))" in told  # inside the identifiability stage
     # inside the faithfulness stage (issue 56): each explainer, then erasure with a line per window of its scan
     start, end = told.index(f"{stages[2]} ..."), next(i for i, m in enumerate(told) if m.startswith(f"{stages[2]}:"))
     inner = told[start + 1:end]

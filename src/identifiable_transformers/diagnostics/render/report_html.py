@@ -227,7 +227,7 @@ def build_report(
                 logits = model(input_ids, attention_mask).logits.float().cpu()
             probs = logits.softmax(-1)
         model.train(model_was_training)
-        rep = attention_identifiability(model, input_ids, attention_mask, return_maps=True)
+        rep = attention_identifiability(model, input_ids, attention_mask, return_maps=True, say=log.info)
     ka = None
     if key_aware:
         with _stage(f"report: key-aware count of {B} example(s) x {model.num_layers} layer(s) x {model.num_heads} "

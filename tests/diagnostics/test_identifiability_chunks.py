@@ -1,5 +1,6 @@
 """The identifiability pass in chunks (issue 39: never the whole probe's float64 stacks): the same report, and
-the same logged metrics, with one example per chunk as with the whole probe at once; and the layer-by-layer
+the same logged metrics, with one example per chunk as with the whole probe at once (integers exactly, floats up to
+the float32 rounding of the model's forward at another batch size); and the layer-by-layer
 maths against an independent float64 computation of each head's null space."""
 
 import pytest
@@ -24,6 +25,14 @@ def _probe():
     return model, ids, ids != 0
 
 
+def _same(a, b) -> bool:
+    """Integers (null dims, ranks) exactly; floats up to the float32 rounding of the model's forward, which may
+    differ in the last bit between batch sizes (a chunk of 1 example against 8: CPU GEMM kernels block by size)."""
+    if a.dtype.is_floating_point:
+        return torch.allclose(a, b, rtol=1e-6, atol=1e-9)
+    return torch.equal(a, b)
+
+
 @pytest.mark.parametrize("chunk_size", [1, 3, 100])
 def test_chunks_give_the_whole_probes_report_and_metrics(chunk_size):
     model, ids, mask = _probe()
@@ -33,13 +42,18 @@ def test_chunks_give_the_whole_probes_report_and_metrics(chunk_size):
     for key, value in whole.items():
         if key == "maps":
             for a, b in zip(value, chunked[key]):
-                assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+                # The witness is one of the row's output-equivalent maps that the search found: where candidate
+                # directions tie to rounding, another one may win (its largest TV, compared below, does not move).
+                assert a.keys() == b.keys() and all(_same(a[k], b[k]) for k in ("attention", "effective"))
+                assert bool((b["witness_rel_error"] < 1e-10).all())
         elif isinstance(value, torch.Tensor):
-            assert torch.equal(chunked[key], value), key
+            assert _same(chunked[key], value), key
         else:
             assert chunked[key] == value, key
     bins = [4, 16, 32]
-    assert summarize_report(chunked, bins=bins) == summarize_report(whole, bins=bins)  # the logged metrics
+    logged, expected = summarize_report(chunked, bins=bins), summarize_report(whole, bins=bins)
+    assert logged.keys() == expected.keys()
+    assert all(logged[k] == pytest.approx(v, rel=1e-6, abs=1e-9) for k, v in expected.items())  # the logged metrics
 
 
 def test_null_dims_match_an_independent_float64_computation():

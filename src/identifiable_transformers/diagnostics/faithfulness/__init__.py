@@ -36,7 +36,7 @@ from .explainers import CHEAP_EXPLAINERS, EXPLAINERS, explain, integrated_gradie
 from .plausibility import PLAUSIBILITY_METRICS, average_precision, plausibility_metrics
 from .random_control import RANDOM_DRAWS, random_draws, random_scores
 from .report import METRICS, faithfulness_report
-from .tiers import FAST_EXPLAINERS, TIERS, Tier, resolve_explainers, resolve_tier
+from .tiers import FAST_EXPLAINERS, TIERS, Tier, resolve_tier
 from .uniform import uniform_attention_logits
 
 __all__ = [
@@ -63,7 +63,6 @@ __all__ = [
     "project_simplex",
     "random_draws",
     "random_scores",
-    "resolve_explainers",
     "resolve_tier",
     "rollout_maps",
     "rationale_mask",

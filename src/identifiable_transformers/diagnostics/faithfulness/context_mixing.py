@@ -118,6 +118,12 @@ def token_decomposition(A: Tensor, f: Tensor, x: Tensor, out_bias: Tensor | None
     least). ``queries`` (a slice of query rows): only those rows, (B, Q, T, d), so that a long input's product is
     built a few rows at a time (the LayerNorm's scale still comes from the whole row).
     """
+    return _decomposition_rows(*_normed_factors(A, f, x, out_bias, norm), queries)
+
+
+def _normed_factors(A: Tensor, f: Tensor, x: Tensor, out_bias: Tensor | None, norm) -> tuple[Tensor, Tensor, Tensor]:
+    """A, f and x with the LayerNorm's linear part L_i folded in (see :func:`token_decomposition`): computed once,
+    whatever the number of query chunks the product is built in."""
     dtype = torch.promote_types(x.dtype, torch.float32)
     A, f, x = A.to(dtype), f.to(dtype), x.to(dtype)
     if norm is not None:
@@ -129,6 +135,11 @@ def token_decomposition(A: Tensor, f: Tensor, x: Tensor, out_bias: Tensor | None
         f = (f - f.mean(-1, keepdim=True)) * gamma
         x = (x - x.mean(-1, keepdim=True)) * gamma * inv_s[..., None]
         A = A * inv_s[:, None, :, None]
+    return A, f, x
+
+
+def _decomposition_rows(A: Tensor, f: Tensor, x: Tensor, queries: slice | None) -> Tensor:
+    """The (B, Q, T, d) product of :func:`token_decomposition` for the ``queries`` rows of normed factors."""
     q = queries or slice(0, A.shape[-2])
     u = torch.einsum("bhqk,bhkd->bqkd", A[:, :, q], f)  # (B, Q, T, d)
     rows = torch.arange(u.shape[1], device=u.device)
@@ -182,11 +193,12 @@ def _decomposition_maps(blocks, mask: Tensor, kinds: Sequence[str]) -> dict[str,
             rows: dict[str, list[Tensor]] = {k: [] for k in kinds}
             # a long input's (n, n, d) product a few query rows at a time (512 word pieces of MiniLM: 400 MB at once)
             q_step = max(1, _CHUNK_ELEMENTS // (m.shape[0] * n * d))
+            factors = _normed_factors(blk.internals.attention[sl, :, :n, :n], f[sl, :, :n], blk.x[sl, :n],
+                                      blk.out_bias, blk.norm)
             for q0 in range(0, n, q_step):
                 q = slice(q0, min(n, q0 + q_step))
-                Td = token_decomposition(blk.internals.attention[sl, :, :n, :n], f[sl, :, :n], blk.x[sl, :n],
-                                         blk.out_bias, blk.norm, queries=q)
-                Td = Td * m[:, None, :, None]  # padded keys contribute nothing (their weight is 0 but for i = j)
+                # padded keys contribute nothing (their weight is 0 but for i = j)
+                Td = _decomposition_rows(*factors, q) * m[:, None, :, None]
                 if "alti" in kinds:
                     rows["alti"].append(alti_from_decomposition(Td, y[:, q]))
                 if "norm_resln" in kinds:

@@ -56,8 +56,3 @@ def resolve_tier(spec: str | Sequence[str]) -> Tier:
         raise ValueError(f"explainers: unknown {unknown or 'empty list'}; use a tier ({', '.join(TIERS)}) or some of "
                          f"{list(EXPLAINERS)}")
     return replace(TIERS["all"], explainers=names)
-
-
-def resolve_explainers(spec: str | Sequence[str]) -> tuple[str, ...]:
-    """The explainer names of :func:`resolve_tier`."""
-    return resolve_tier(spec).explainers

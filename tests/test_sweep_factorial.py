@@ -45,3 +45,21 @@ def test_factorial_arms_are_the_designs(make_cfg, data):
     for combine, value_dim in (("concat", 64), ("add", 16)):  # the two arms that change one factor each
         _, model, _ = params(*arm, f"model.head_combine={combine}", f"model.value_dim={value_dim}")
         assert (model.head_combine, model.value_dim) == (combine, value_dim)
+
+
+def test_rank_arm_preset_is_concat_16_capped_at_rank_16_with_the_factorials_settings(make_cfg, sweep_jobs):
+    cfg = make_cfg("+sweep=factorial_rank", fast=False)
+    assert OmegaConf.to_container(cfg.report.equivalence_margins) == MARGINS
+    assert cfg.trainer.max_epochs == 8 and cfg.callbacks.identifiability.probe_size == 256
+    jobs = sweep_jobs(cfg)
+    assert len(jobs) == 20 and [int(j["seed"]) for j in jobs] == sorted(int(j["seed"]) for j in jobs)
+    assert {(j["data"], j["model.key_dim"], j["model.head_combine"], j["model.value_dim"], j["model.out_rank"])
+            for j in jobs} == {(d, "2", "concat", "16", "16") for d in ("synthetic_contrast", "synthetic_contrast_pair")}
+    # the arm is concat/16 with a rank-16 output projection: 64 x 64 weights become 64 x 16 + 16 x 64 factors
+    built = {}
+    for rank in ("null", "16"):
+        arm = make_cfg("+sweep=factorial_rank", "model.key_dim=2", "model.head_combine=concat", "model.value_dim=16",
+                       f"model.out_rank={rank}", fast=False)
+        model = hydra.utils.instantiate(arm.model, vocab_size=50, num_classes=4, _convert_="all").model
+        built[rank] = sum(p.numel() for p in model.parameters())
+    assert built["null"] - built["16"] == 64 * 64 - 2 * 64 * 16

@@ -139,3 +139,34 @@ def test_override_attention_replaces_weights_and_restores():
         torch.testing.assert_close(out[b], expected.expand(6, 16), atol=1e-5, rtol=1e-5)
     assert attn.weights_hook is None
     torch.testing.assert_close(model(ids, mask).logits, ref)
+
+
+def test_out_rank_caps_the_output_projection_and_the_internals_still_reproduce_the_forward():
+    torch.manual_seed(0)
+    attn = MultiHeadSelfAttention(embed_dim=32, num_heads=4, key_dim=2, value_dim=8, head_combine="concat",
+                                  out_rank=3).eval()
+    assert torch.linalg.matrix_rank(attn.out_proj.weight.detach()).item() == 3
+    assert "out_proj.weight" not in dict(attn.named_parameters())  # the factors are the parameters, not W_o
+    x = torch.randn(2, 7, 32)
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    mask[1, 5:] = False
+    out, _ = attn(x, mask)
+    internals = attn.internals(x, mask)
+    rebuilt = internals.head_output.sum(1) + attn.out_proj.bias
+    torch.testing.assert_close(rebuilt, out, atol=1e-5, rtol=1e-5)
+    # the block's output (without the bias) spans at most out_rank dimensions, whatever the input
+    centred = (out - attn.out_proj.bias).reshape(-1, 32)
+    assert torch.linalg.matrix_rank(centred.detach(), atol=1e-5).item() <= 3
+    # a head's W_o^h (value_dim x d) has rank min(value_dim, out_rank): with out_rank >= value_dim, as in
+    # factorial_rank.yaml, every head keeps its full rank and its identifiability
+    assert torch.linalg.matrix_rank(attn.head_out_proj()[0].detach()).item() == 3
+    wide = MultiHeadSelfAttention(embed_dim=32, num_heads=4, key_dim=2, value_dim=8, out_rank=8)
+    assert all(torch.linalg.matrix_rank(w.detach()).item() == 8 for w in wide.head_out_proj())
+    full = MultiHeadSelfAttention(embed_dim=32, num_heads=4, key_dim=2, value_dim=8, head_combine="concat")
+    assert full.out_rank is None and "out_proj.weight" in dict(full.named_parameters())
+
+
+@pytest.mark.parametrize("rank", [0, 32, 40])
+def test_an_impossible_out_rank_is_refused_with_the_fix(rank):
+    with pytest.raises(ValueError, match=rf"out_rank={rank} is impossible.*1 <= out_rank < 32, or null"):
+        MultiHeadSelfAttention(embed_dim=32, num_heads=4, out_rank=rank)

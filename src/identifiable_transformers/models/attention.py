@@ -10,6 +10,11 @@ Two ways to combine heads (docs/identifiability.md section 3):
   head can stay identifiable up to about ``embed_dim`` tokens.
 
 Logits are scaled by 1/sqrt(key_dim), the size the dot product is taken over.
+
+``out_rank`` (default None: full) caps the rank of the output projection W_o = A B (A: d x r, B: r x in), so the
+attention block's output has rank <= r whatever the head combination. ``add`` with value size v already caps it at
+v; a capped ``concat`` separates that bottleneck from the head combination (multirun_sweeps/sweep/factorial_rank.yaml).
+The factors are a parametrisation of ``out_proj.weight``: everything that reads the weight sees the product.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrize
 
 from . import dropout as _dropout
 from .chunked import _ChunkedAttention, _chunks_are_better
@@ -73,6 +79,35 @@ def resolve_head_dims(
     if value_dim < 1:
         raise ValueError(f"value_dim must be >= 1, got {value_dim}")
     return key_dim, value_dim
+
+
+class LowRank(nn.Module):
+    """A weight W (out, in) stored as two factors A (out, r) and B (r, in): ``forward(A, B) = A @ B``.
+
+    Registered on ``out_proj.weight`` (torch.nn.utils.parametrize): ``right_inverse`` starts the factors at the
+    best rank-r approximation of the initialised weight (its truncated SVD, split evenly between the factors)."""
+
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a @ b
+
+    def right_inverse(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        u, s, vh = torch.linalg.svd(weight, full_matrices=False)
+        root = s[: self.rank].sqrt()
+        return u[:, : self.rank] * root, root[:, None] * vh[: self.rank]
+
+
+def check_out_rank(out_rank: int | None, embed_dim: int, in_dim: int) -> None:
+    """An output rank must be at least 1 and below full (min(embed_dim, in_dim)); None is full."""
+    if out_rank is None:
+        return
+    full = min(embed_dim, in_dim)
+    if not 1 <= out_rank < full:
+        raise ValueError(f"out_rank={out_rank} is impossible here: the output projection maps {in_dim} to {embed_dim} "
+                         f"features, so its rank is at most {full}; use 1 <= out_rank < {full}, or null for full rank")
 
 
 def _has_padding(key_padding_mask: torch.Tensor | None) -> bool:
@@ -139,6 +174,7 @@ class MultiHeadSelfAttention(nn.Module):
         value_dim: int | None = None,
         head_combine: str = "concat",
         dropout: float = 0.0,
+        out_rank: int | None = None,
     ):
         super().__init__()
         self.key_dim, self.value_dim = resolve_head_dims(embed_dim, num_heads, key_dim, value_dim, head_combine)
@@ -151,6 +187,10 @@ class MultiHeadSelfAttention(nn.Module):
         # Optional (weights, key_padding_mask) -> weights, applied after the softmax (see override_attention).
         self.weights_hook: WeightsHook | None = None
         self.reset_parameters()
+        check_out_rank(out_rank, embed_dim, self.out_proj.in_features)
+        self.out_rank = out_rank
+        if out_rank is not None:
+            parametrize.register_parametrization(self.out_proj, "weight", LowRank(out_rank), unsafe=True)
 
     def reset_parameters(self) -> None:
         # Every projection is initialised explicitly (the reference code left some uninitialised).

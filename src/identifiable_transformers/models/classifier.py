@@ -56,10 +56,11 @@ class EncoderLayer(nn.Module):
         dropout: float = 0.1,
         activation: str = "relu",
         norm_first: bool = False,
+        out_rank: int | None = None,
     ):
         super().__init__()
         _check_choice("activation", activation, ACTIVATIONS)
-        self.attn = MultiHeadSelfAttention(embed_dim, num_heads, key_dim, value_dim, head_combine, dropout)
+        self.attn = MultiHeadSelfAttention(embed_dim, num_heads, key_dim, value_dim, head_combine, dropout, out_rank)
         self.linear1 = nn.Linear(embed_dim, ffn_dim)
         self.linear2 = nn.Linear(ffn_dim, embed_dim)
         self.norm1 = nn.LayerNorm(embed_dim)
@@ -115,6 +116,7 @@ class TransformerClassifier(nn.Module):
     max_len (512): longest input. positional ("learned"): "learned", "sinusoidal" or "none".
     pooling ("cls"): first token (the data prepends ``<cls>``) or "mean" over real tokens.
     pad_id (0): padding token id; the default attention mask is ``input_ids != pad_id``.
+    out_rank (None = full): the rank cap of each attention layer's output projection (models/attention.py).
     """
 
     def __init__(
@@ -135,6 +137,7 @@ class TransformerClassifier(nn.Module):
         pad_id: int = 0,
         activation: str = "relu",
         norm_first: bool = False,
+        out_rank: int | None = None,
     ):
         super().__init__()
         _check_choice("positional", positional, POSITIONALS)
@@ -165,7 +168,7 @@ class TransformerClassifier(nn.Module):
         self.embed_dropout = Dropout(dropout)
         self.layers = nn.ModuleList(
             EncoderLayer(embed_dim, num_heads, key_dim, value_dim, head_combine, ffn_dim, dropout, activation,
-                         norm_first)
+                         norm_first, out_rank)
             for _ in range(num_layers)
         )
         self.final_norm = nn.LayerNorm(embed_dim) if norm_first else nn.Identity()

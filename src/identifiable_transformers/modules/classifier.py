@@ -283,6 +283,7 @@ class TextClassifier(ClassifierModule):
         pad_id: int = 0,
         activation: str = "relu",
         norm_first: bool = False,
+        out_rank: int | None = None,  # rank cap of the attention output projection (None: full)
         compile: bool = False,  # torch.compile the encoder (opt-in; docs/performance.md)
         cuda_graphs: bool = False,  # on CUDA: the training forward and backward replayed as CUDA graphs
         # optimisation

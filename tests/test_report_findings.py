@@ -122,10 +122,11 @@ def test_could_not_fail_zero_variance_head_room_and_lengths(tmp_path):
     assert "probe lengths" not in t.loc["identifiable_frac", "why_not"]
 
 
-def _job(root, i, combine, value_dim, seed, metrics, margins, provenance=None):
+def _job(root, i, combine, value_dim, seed, metrics, margins, provenance=None, out_rank=None):
     d = root / str(i)
     d.mkdir(parents=True)
-    model = {"embed_dim": 64, "num_heads": 4, "key_dim": 2, "value_dim": value_dim, "head_combine": combine}
+    model = {"embed_dim": 64, "num_heads": 4, "key_dim": 2, "value_dim": value_dim, "head_combine": combine,
+             **({"out_rank": out_rank} if out_rank else {})}
     result = {"config": {"data": "synthetic_contrast", "seed": seed, "model": model},
               "metrics": {"test/acc": 0.9, **metrics}}
     if provenance:
@@ -229,3 +230,35 @@ def test_code_note_cases():
     part = pd.DataFrame({"commit": ["c" * 40, None], "dirty": [None, None]})
     assert code_note(part) == ("**Mixed code**: this table's runs come from commit ccccccc (1 run); 1 whose tree state "
                                "is unknown, 1 with no recorded commit.")
+
+
+def test_the_capped_rank_arm_has_its_own_contrasts_against_the_cells(tmp_path, capsys):
+    """A fifth arm (concat/16 with model.out_rank=16) beside the 2x2: it is in no factorial cell, not warned about as
+    odd, and its three contrasts (rank_cap, head_combine_at_rank, interaction_at_rank) equal an independent linear
+    contrast of the five arms' means, in factorial.md, factorial_rank.csv and findings.md."""
+    values = _sweep(tmp_path / "sweep")
+    values["capped"] = 0.68 + 0.05 * np.array([-1.0, 0.0, 1.0])
+    for seed, x in enumerate(values["capped"], 1):
+        _job(tmp_path / "sweep", 12 + seed, "concat", 16, seed, {"val/faith/attention/comprehensiveness": float(x)},
+             {"comprehensiveness": 0.3}, out_rank=16)
+    assert main([str(tmp_path / "sweep"), "--out", str(tmp_path / "out"), "--no-key-aware"]) == 0
+    assert "not cells of the 2x2" not in capsys.readouterr().err
+    assert set(pd.read_csv(tmp_path / "out" / "factorial.csv")["runs"]) == {"3/3/3/3"}
+    xs = [values[c] for c in (*CELL_ORDER, "capped")]
+    weights = {"rank_cap": [-1, 0, 0, 0, 1], "head_combine_at_rank": [0, 0, 1, 0, -1],
+               "interaction_at_rank": [0, -1, -1, 1, 1]}
+    csv = pd.read_csv(tmp_path / "out" / "factorial_rank.csv")
+    csv = csv[csv["metric"] == "comprehensiveness"].set_index("contrast")
+    assert set(csv.index) == set(weights) and set(csv["arm"]) == {"concat_r16"}
+    found = {r["contrast"]: r for r in _md_rows((tmp_path / "out" / "findings.md").read_text(), "| task |")
+             if r["metric"] == "comprehensiveness"}
+    for name, w in weights.items():
+        est, ci95, ci90, p, tost = _contrast_reference(xs, np.array(w, float), 0.3)
+        assert csv.loc[name, "estimate"] == pytest.approx(est) and csv.loc[name, "p"] == pytest.approx(p)
+        assert csv.loc[name, "tost_p"] == pytest.approx(tost)
+        row = found[f"{name} (concat_r16)"]  # run at key size 2 only: listed with the pooled rows
+        assert _interval(row["95% CI"]) == pytest.approx(ci95, abs=5e-4) and row["key_dim"] == "2"
+    assert csv.loc["rank_cap", "estimate"] == pytest.approx(0.68 - 0.60)  # capped - concat/16
+    assert csv.loc["head_combine_at_rank", "estimate"] == pytest.approx(0.70 - 0.68)  # add/16 - capped
+    md = (tmp_path / "out" / "factorial.md").read_text()
+    assert "## The capped-rank arm" in md and "| concat_r16 |" in md

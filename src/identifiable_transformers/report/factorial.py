@@ -14,6 +14,11 @@ weights (1, -1) is exactly Welch's test, designs.welch): the ANOVA contrasts wit
 assumption. Reported: the estimate, its 95% CI and two-sided p; with the preset's margins, the TOST of "the
 contrast lies within +-margin" (90% CI inside). The equivalence-range spreads (``val/ident/range_*``) get a
 one-sided superiority test instead: the small-value (non-identifiable) arms minus the large-value arms > 0.
+
+A fifth arm, concat at the small value size with its output projection capped at rank r (``model.out_rank``, the
+report's ``concat_r<r>``; multirun_sweeps/sweep/factorial_rank.yaml), separates the rank of the attention block's
+output from the head combination: add S's output has rank <= S, concat S's up to d. :func:`rank_table` compares it
+with the four cells at the same data and key size (:data:`RANK_CONTRASTS`).
 """
 
 from __future__ import annotations
@@ -44,6 +49,12 @@ UPPER_BOUND = {"comprehensiveness": 1.0, "rationale_auprc": 1.0, "rationale_f1":
 RANGE = re.compile(r"^(ident|faith)/(.*/)?range_")
 PAIRS = (("_low", "_high"), ("_min", "_max"), ("_worst", "_best"))
 CEILING = 0.9995  # adversarial TV at 1.000 to three decimals
+RANK_ARM = re.compile(r"^concat_r\d+$")  # concat with a capped output rank (report/runs.py names it)
+RANK_CONTRASTS = {  # weights on the cells (concat S, concat L, add S, add L, the capped concat S)
+    "rank_cap": (-1.0, 0.0, 0.0, 0.0, 1.0),  # capped concat S - concat S: the cap alone
+    "head_combine_at_rank": (0.0, 0.0, 1.0, 0.0, -1.0),  # add S - capped concat S: same value size and output rank
+    "interaction_at_rank": (0.0, -1.0, -1.0, 1.0, 1.0),  # (add L - add S) - (concat L - capped concat S)
+}
 
 
 def contrast(samples: list[np.ndarray], weights: tuple[float, ...]) -> tuple[float, float, float]:
@@ -92,6 +103,12 @@ def in_factorial(runs: pd.DataFrame) -> pd.Series:
     return keep
 
 
+def is_rank_arm(runs: pd.DataFrame) -> pd.Series:
+    """Which runs are a capped-rank concat arm (``concat_r<r>``)."""
+    return runs["head_combine"].astype(str).str.match(RANK_ARM.pattern) if "head_combine" in runs \
+        else pd.Series(False, index=runs.index)
+
+
 def is_factorial(runs: pd.DataFrame) -> bool:
     """Whether some data set ran all four cells: both head combinations at each of two value sizes."""
     return bool(in_factorial(runs).any())
@@ -100,8 +117,8 @@ def is_factorial(runs: pd.DataFrame) -> bool:
 def left_out_of_factorial(runs: pd.DataFrame) -> str | None:
     """The runs a factorial report leaves out (another design, a third value size, a data set without all four
     cells), named with their settings; None when there are none or no factorial."""
-    keep = in_factorial(runs)
-    if not keep.any() or keep.all():
+    keep = in_factorial(runs) | is_rank_arm(runs)  # a rank arm has its own table (rank_table)
+    if not in_factorial(runs).any() or keep.all():
         return None
     odd = runs[~keep]
     names = "; ".join(f"{r['run']} ({r['data']}, head_combine={r['head_combine']}, value_dim={r['value_dim']}, "
@@ -238,3 +255,40 @@ def tv_ceiling(runs: pd.DataFrame) -> bool:
     """Whether every run's adversarial TV is 1.000 (to three decimals): the search's ceiling, not a finding."""
     col = FINAL_SCALARS["adversarial_tv"]
     return col in runs and runs[col].notna().any() and bool((runs[col].dropna() >= CEILING).all())
+
+
+def rank_cells(runs: pd.DataFrame):
+    """Per data, capped arm and key size where the arm ran at the factorial's small value size: ``(data, arm, key_dim,
+    cells)``, cells the five arms' runs in :data:`RANK_CONTRASTS` order (the four factorial cells, then the arm)."""
+    capped = runs[is_rank_arm(runs)]
+    factorial = runs[in_factorial(runs)]
+    factorial = factorial.assign(_v=_levels(factorial))
+    for (data, arm), a in capped.groupby(["data", "head_combine"]):
+        g = factorial[factorial["data"] == data]
+        if g.empty or set(a["value_dim"]) != set(g.loc[g["_v"] == "S", "value_dim"]):
+            continue
+        for key_dim, ak in a.groupby("key_dim"):
+            gk = g[g["key_dim"] == key_dim]
+            yield data, arm, key_dim, [gk[(gk["head_combine"] == c) & (gk["_v"] == v)] for c, v in CELLS] + [ak]
+
+
+def rank_table(runs: pd.DataFrame, margins: dict[str, float] | None = None) -> pd.DataFrame | None:
+    """The fifth arm against the four cells: one row per data, key size, explainer, metric and contrast of
+    :data:`RANK_CONTRASTS`, with the five means, the estimate, 95% CI and p, and the TOST at the preset's margins.
+    None without a capped arm at the factorial's small value size."""
+    margins = margins or {}
+    rows = []
+    for data, arm, key_dim, cells in rank_cells(runs):
+        for e, m, col in _columns(runs):
+            x = [cell[col].dropna().to_numpy(float) for cell in cells]
+            if min(map(len, x)) < 2:
+                continue
+            means = {f"{c}_{v}": float(np.mean(xi)) for (c, v), xi in zip(CELLS, x)}
+            for name, w in RANK_CONTRASTS.items():
+                est, se, dof = contrast(x, w)
+                margin = margins.get(m, np.nan)
+                rows.append({"data": data, "key_dim": key_dim, "arm": arm, "explainer": e, "metric": m,
+                             "contrast": name, **means, "capped": float(np.mean(x[4])), "estimate": est, "se": se,
+                             "dof": dof, "margin": margin, **_tests(est, se, dof, margin),
+                             "runs": "/".join(str(len(xi)) for xi in x)})
+    return pd.DataFrame(rows) if rows else None

@@ -12,7 +12,17 @@ import pandas as pd
 from ..common.files import atomic_write
 from .code_note import code_note
 from .designs import equivalence_margins
-from .factorial import CELLS, factorial_table, head_room, in_factorial, per_key_outside, range_superiority, tv_ceiling
+from .factorial import (
+    CELLS,
+    factorial_table,
+    head_room,
+    in_factorial,
+    is_rank_arm,
+    per_key_outside,
+    range_superiority,
+    rank_table,
+    tv_ceiling,
+)
 
 
 def _f(x: float) -> str:
@@ -86,9 +96,34 @@ def factorial_markdown(table: pd.DataFrame, ranges: pd.DataFrame | None, outside
     return "\n".join(lines) + "\n"
 
 
+def rank_markdown(table: pd.DataFrame, margins: dict[str, float]) -> list[str]:
+    """factorial.md's section on the capped-rank arm (report/factorial.py's rank_table)."""
+    cells = [f"{c}_{v}" for c, v in CELLS] + ["capped"]
+    head = ("| data | key_dim | arm | explainer | metric | contrast | concat S | concat L | add S | add L | capped "
+            "| estimate | 95% CI | p | margin | 90% CI | TOST p | runs |")
+    lines = ["", "## The capped-rank arm: output rank against head combination", "",
+             "The arm is concat at value size S with its output projection capped at rank r (`model.out_rank`; "
+             "`concat_r<r>`), so its attention output has add S's rank and its heads concat S's. Contrasts: "
+             "`rank_cap` (capped - concat S: the cap alone), `head_combine_at_rank` (add S - capped: the head "
+             "combination at matched value size and output rank), `interaction_at_rank` ((add L - add S) - (concat L "
+             "- capped): the factorial's interaction with the capped arm in concat S's place, both small-value arms at "
+             "rank S, both large-value arms at rank d). Welch-Satterthwaite CIs and TOST as above. Runs: concat S / "
+             "concat L / add S / add L / capped.", "", head, "|" + "---|" * (head.count("|") - 1)]
+    for _, r in table.iterrows():
+        tost = (f" {r['margin']:g} | [{_f(r['ci90_low'])}, {_f(r['ci90_high'])}] | {r['tost_p']:.3g} |"
+                if np.isfinite(r["margin"]) else " - | - | - |")
+        lines.append(f"| {r['data']} | {r['key_dim']} | {r['arm']} | {r['explainer']} | {r['metric']} | "
+                     f"{r['contrast']} | " + " | ".join(f"{r[c]:.3f}" for c in cells)
+                     + f" | {_f(r['estimate'])} | [{_f(r['ci95_low'])}, {_f(r['ci95_high'])}] | {r['p']:.3g} |"
+                     + tost + f" {r['runs']} |")
+    return lines
+
+
 def write_factorial(runs: pd.DataFrame, out: Path) -> list[Path]:
     """``factorial.md`` and ``factorial.csv`` (the contrasts; the range superiority tests go to
     ``factorial_ranges.csv``) when the runs are a factorial; returns the files written."""
+    capped = rank_table(runs, equivalence_margins(runs[in_factorial(runs)]))
+    used = runs[in_factorial(runs) | is_rank_arm(runs)] if capped is not None else runs[in_factorial(runs)]
     runs = runs[in_factorial(runs)]  # the others: named by the caller (factorial.left_out_of_factorial)
     margins = equivalence_margins(runs)
     table = factorial_table(runs, margins)
@@ -97,9 +132,14 @@ def write_factorial(runs: pd.DataFrame, out: Path) -> list[Path]:
     ranges = range_superiority(runs)
     written = [out / "factorial.md", out / "factorial.csv"]
     atomic_write(out / "factorial.csv", table.to_csv(index=False))
+    if capped is not None:
+        atomic_write(out / "factorial_rank.csv", capped.to_csv(index=False))
+        written.append(out / "factorial_rank.csv")
     if ranges is not None:
         atomic_write(out / "factorial_ranges.csv", ranges.to_csv(index=False))
         written.append(out / "factorial_ranges.csv")
     md = factorial_markdown(table, ranges, per_key_outside(table), head_room(table, runs), tv_ceiling(runs), margins)
-    atomic_write(out / "factorial.md", md + "\n" + code_note(runs) + "\n")
+    if capped is not None:
+        md += "\n".join(rank_markdown(capped, margins)) + "\n"
+    atomic_write(out / "factorial.md", md + "\n" + code_note(used) + "\n")
     return written

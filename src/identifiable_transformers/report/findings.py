@@ -36,9 +36,12 @@ from .factorial import (
     _levels,
     _tests,
     contrast,
+    RANK_CONTRASTS,
     factorial_table,
     in_factorial,
     range_columns,
+    rank_cells,
+    rank_table,
 )
 from .faithfulness import EXPLAINER_ORDER, _faith_column
 
@@ -172,7 +175,7 @@ def factorial_findings(runs: pd.DataFrame, margins: dict[str, float]) -> pd.Data
     table = factorial_table(runs, margins)
     if table is None:
         return None
-    runs = runs[in_factorial(runs)]
+    runs_all, runs = runs, runs[in_factorial(runs)]
     runs = runs.assign(_v=_levels(runs))
     sizes = runs.groupby(["data", "_v"])["value_dim"].first()
 
@@ -203,7 +206,27 @@ def factorial_findings(runs: pd.DataFrame, margins: dict[str, float]) -> pd.Data
                 reasons = why_not(name, cell_arms, "_r:" + name, w, np.nan, None)
                 rows.append(_row(data, key_dim, "-", name, RANGE_CONTRAST, stats, reasons,
                                  "/".join(str(len(xi)) for xi in x)))
+    rows += _rank_rows(runs_all, margins, floors)
     return pd.DataFrame(rows, columns=COLUMNS) if rows else None
+
+
+def _rank_rows(runs: pd.DataFrame, margins: dict[str, float], floors: dict) -> list[dict]:
+    """The capped-rank arm's contrasts (:func:`.factorial.rank_table`), one row each."""
+    table = rank_table(runs, margins)
+    if table is None:
+        return []
+    arms = {(data, arm, key_dim): cells for data, arm, key_dim, cells in rank_cells(runs)}
+    sizes = runs[in_factorial(runs)].groupby("data")["value_dim"].agg(["min", "max"])
+    rows = []
+    for _, r in table.iterrows():
+        small, large = sizes.loc[r["data"], "min"], sizes.loc[r["data"], "max"]
+        names = [f"concat/{small}", f"concat/{large}", f"add/{small}", f"add/{large}", f"{r['arm']}/{small}"]
+        col = _column(runs, r["explainer"], r["metric"])
+        reasons = why_not(r["metric"], list(zip(names, arms[(r["data"], r["arm"], r["key_dim"])])), col,
+                          RANK_CONTRASTS[r["contrast"]], r["margin"], floors.get(r["data"]))
+        rows.append(_row(r["data"], r["key_dim"], r["explainer"], r["metric"], f"{r['contrast']} ({r['arm']})",
+                         r.to_dict(), reasons, r["runs"]))
+    return rows
 
 
 def explainer_findings(runs: pd.DataFrame, margins: dict[str, float]) -> pd.DataFrame | None:

@@ -23,6 +23,10 @@ WHAT = {
     "explainers": "One configuration: each explainer minus raw attention on the same runs (paired t-test over the "
                   "runs), and the identifiable fraction's level.",
 }
+RANK = ("The capped-rank arm (`concat_r<r>`: concat at the small value size, output projection capped at rank r; "
+        "factorial.md's last section) against the cells at its key size: `rank_cap` (capped minus concat S), "
+        "`head_combine_at_rank` (add S minus capped) and `interaction_at_rank` (the interaction with the capped arm "
+        "in concat S's place).")
 RULE = ("Verdict rule: `equivalent` when the TOST p < 0.05 at the margin fixed in the sweep preset before the runs "
         "(the 90% CI inside ± the margin); else `differs` when the 95% CI excludes 0; else `not shown`. "
         "*could not fail*: an arm with zero variance, no head-room for the margin, a ceiling, or an identifiability "
@@ -51,16 +55,19 @@ def findings_markdown(kind: str, table: pd.DataFrame, runs: pd.DataFrame) -> str
     pooled row's (findings.csv holds them all, and the equivalence ranges per length bin)."""
     table = table.assign(key_dim=table["key_dim"].astype(str))
     table = table[~table["metric"].str.contains("/len_le_")]  # the ranges per length bin: in findings.csv
-    pooled = table[table["key_dim"] == "all"]
     keys = ["task", "explainer", "metric", "contrast"]
+    has_pooled = set(map(tuple, table.loc[table["key_dim"] == "all", keys].to_numpy()))
+    alone = np.array([tuple(k) not in has_pooled for k in table[keys].to_numpy()], bool)  # run at one key size
+    pooled = table[(table["key_dim"] == "all").to_numpy() | alone]
     said = pooled.set_index(keys)["verdict"]
-    per = table[table["key_dim"] != "all"]
+    per = table[(table["key_dim"] != "all").to_numpy() & ~alone]
     changed = per[[said.get(tuple(r[k] for k in keys)) != r["verdict"] for _, r in per.iterrows()]]
     counts = pooled["verdict"].value_counts()
+    what = WHAT[kind] + (" " + RANK if pooled["contrast"].str.contains("_at_rank|rank_cap").any() else "")
     lines = ["**Findings generated from the statistics** (`findings.md`, one row per task, explainer, metric and "
-             "contrast; every number and verdict in `findings.csv`). " + WHAT[kind] + " " + RULE, "",
-             "Key sizes pooled: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in ("equivalent", "differs",
-                                                                                   "not shown"))
+             "contrast; every number and verdict in `findings.csv`). " + what + " " + RULE, "",
+             ("Key sizes pooled (and the contrasts run at one key size only)" if alone.any() else "Key sizes pooled")
+             + ": " + ", ".join(f"{counts.get(v, 0)} {v}" for v in ("equivalent", "differs", "not shown"))
              + f"; {int((~pooled['could_fail']).sum())} of them could not fail.", "", HEADER,
              "|" + "---|" * (HEADER.count("|") - 1)]
     lines += [_line(r) for _, r in pooled.iterrows()]

@@ -118,7 +118,8 @@ def _row(result: dict, run: str, run_dir: Path) -> dict:
         "run": run,
         "data": result["config"]["data"],
         "seed": result["config"]["seed"],
-        "head_combine": combine,
+        # a capped output rank (model.out_rank) is another arm: concat_r16 is concat with a rank-16 output projection
+        "head_combine": combine if not model.get("out_rank") else f"{combine}_r{model['out_rank']}",
         "embed_dim": d,
         "num_heads": h,
         # resolve the null defaults as the model does (docs/identifiability.md section 3)

@@ -169,18 +169,28 @@ def factorial_table(runs: pd.DataFrame, margins: dict[str, float] | None = None)
     rows = []
     for (data, key_dim), g in _groups(runs):
         cells = [g[(g["head_combine"] == c) & (g["_v"] == v)] for c, v in CELLS]
-        for e, m, col in _columns(runs):
-            x = [cell[col].dropna().to_numpy(float) for cell in cells]
-            if min(map(len, x)) < 2:
-                continue
-            means = {f"{c}_{v}": float(np.mean(xi)) for (c, v), xi in zip(CELLS, x)}
-            for name, w in CONTRASTS.items():
-                est, se, dof = contrast(x, w)
-                margin = margins.get(m, np.nan)
-                rows.append({"data": data, "key_dim": key_dim, "explainer": e, "metric": m, "contrast": name,
-                             **means, "estimate": est, "se": se, "dof": dof, "margin": margin,
-                             **_tests(est, se, dof, margin), "runs": "/".join(str(len(xi)) for xi in x)})
+        rows += _contrast_rows(runs, cells, CONTRASTS, margins, {"data": data, "key_dim": key_dim})
     return pd.DataFrame(rows) if rows else None
+
+
+def _contrast_rows(runs: pd.DataFrame, cells: list[pd.DataFrame], contrasts: dict, margins: dict[str, float],
+                   keys: dict) -> list[dict]:
+    """Per endpoint of ``runs``: each contrast of the cells' means (the first four are CELLS), with its tests."""
+    rows = []
+    for e, m, col in _columns(runs):
+        x = [cell[col].dropna().to_numpy(float) for cell in cells]
+        if min(map(len, x)) < 2:
+            continue
+        means = {f"{c}_{v}": float(np.mean(xi)) for (c, v), xi in zip(CELLS, x)}
+        if len(x) > len(CELLS):
+            means["capped"] = float(np.mean(x[len(CELLS)]))
+        for name, w in contrasts.items():
+            est, se, dof = contrast(x, w)
+            margin = margins.get(m, np.nan)
+            rows.append({**keys, "explainer": e, "metric": m, "contrast": name, **means, "estimate": est, "se": se,
+                         "dof": dof, "margin": margin, **_tests(est, se, dof, margin),
+                         "runs": "/".join(str(len(xi)) for xi in x)})
+    return rows
 
 
 def range_superiority(runs: pd.DataFrame) -> pd.DataFrame | None:
@@ -279,16 +289,5 @@ def rank_table(runs: pd.DataFrame, margins: dict[str, float] | None = None) -> p
     margins = margins or {}
     rows = []
     for data, arm, key_dim, cells in rank_cells(runs):
-        for e, m, col in _columns(runs):
-            x = [cell[col].dropna().to_numpy(float) for cell in cells]
-            if min(map(len, x)) < 2:
-                continue
-            means = {f"{c}_{v}": float(np.mean(xi)) for (c, v), xi in zip(CELLS, x)}
-            for name, w in RANK_CONTRASTS.items():
-                est, se, dof = contrast(x, w)
-                margin = margins.get(m, np.nan)
-                rows.append({"data": data, "key_dim": key_dim, "arm": arm, "explainer": e, "metric": m,
-                             "contrast": name, **means, "capped": float(np.mean(x[4])), "estimate": est, "se": se,
-                             "dof": dof, "margin": margin, **_tests(est, se, dof, margin),
-                             "runs": "/".join(str(len(xi)) for xi in x)})
+        rows += _contrast_rows(runs, cells, RANK_CONTRASTS, margins, {"data": data, "key_dim": key_dim, "arm": arm})
     return pd.DataFrame(rows) if rows else None

@@ -32,9 +32,10 @@ class Study:
 
 STUDIES = (
     Study("faithfulness_contrast", ("faithfulness_contrast/runs.tar.xz",), "contrast"),
-    Study("factorial", ("factorial/runs.tar.xz", "factorial/runs_seeds_8-10.tar.xz"), "fact7"),
+    Study("key_size", ("key_size/runs.tar.xz",), "key_size"),
+    Study("factorial", ("factorial/runs_dk2_seeds_1-5.tar.xz", "factorial/runs_dk2_seeds_6-10.tar.xz",
+                        "factorial/runs_dk8.tar.xz", "factorial/runs_rank.tar.xz"), "factorial"),
     Study("context_mixing/order", ("context_mixing/runs.tar.gz",), "context_mixing/order"),
-    Study("context_mixing/rt", ("context_mixing/runs.tar.gz",), "context_mixing/rt"),
     Study("minilm/rt", ("minilm/runs.tar.gz",), "minilm/rt"),
     Study("minilm/contrast", ("minilm/runs.tar.gz",), "minilm/contrast"),
     *(Study(f"faithfulness_regimes/{r}", (f"faithfulness_regimes/{r}/runs.tar.gz",), r)

@@ -3,6 +3,10 @@
 command ``python -m identifiable_transformers.report --update-docs`` writes the same) and must be equal, as must the
 committed findings.md beside each study's tables."""
 
+import json
+import shutil
+import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -48,9 +52,6 @@ VOCABULARY_FIX = "7aff372"  # the word-level tokenizer reads the training rows o
 
 def _own_rt_runs() -> list[tuple[str, str, dict]]:
     """(archive, member, provenance) of every committed rt_offline run of the project's own encoder."""
-    import json
-    import tarfile
-
     found = []
     for archive in sorted((DOCS / "results").rglob("runs*.tar.*")):
         with tarfile.open(archive, "r|*") as tar:
@@ -65,9 +66,6 @@ def _own_rt_runs() -> list[tuple[str, str, dict]]:
 
 
 def test_every_committed_rt_offline_run_records_a_commit_with_the_vocabulary_fix():
-    import shutil
-    import subprocess
-
     runs = _own_rt_runs()
     assert len(runs) >= 60
     unrecorded = [f"{a}:{m}" for a, m, p in runs if not p.get("commit") or p.get("dirty")]

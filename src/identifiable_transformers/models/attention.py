@@ -190,7 +190,7 @@ class MultiHeadSelfAttention(nn.Module):
         check_out_rank(out_rank, embed_dim, self.out_proj.in_features)
         self.out_rank = out_rank
         if out_rank is not None:
-            parametrize.register_parametrization(self.out_proj, "weight", LowRank(out_rank), unsafe=True)
+            parametrize.register_parametrization(self.out_proj, "weight", LowRank(out_rank))
 
     def reset_parameters(self) -> None:
         # Every projection is initialised explicitly (the reference code left some uninitialised).

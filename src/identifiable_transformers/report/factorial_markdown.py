@@ -33,13 +33,19 @@ def _what(r: pd.Series) -> str:
     return r["metric"] if r["explainer"] == "-" else f"{r['explainer']} {r['metric']}"
 
 
-def _contrast_lines(table: pd.DataFrame, margins: dict[str, float]) -> list[str]:
-    cells = [f"{c}_{v}" for c, v in CELLS]
-    head = ("| data | key_dim | explainer | metric | contrast | concat S | concat L | add S | add L | estimate "
-            "| 95% CI | p |" + (" margin | 90% CI | TOST p |" if margins else "") + " runs |")
+FACTORIAL_CELLS = tuple(f"{c}_{v}" for c, v in CELLS)
+KEYS = ("data", "key_dim", "explainer", "metric", "contrast")
+
+
+def _contrast_lines(table: pd.DataFrame, margins: dict[str, float], keys: tuple[str, ...] = KEYS,
+                    cells: tuple[str, ...] = FACTORIAL_CELLS) -> list[str]:
+    """The contrast rows: their ``keys``, the cell means (``cells``: columns of ``table``), estimate, CI and p, and
+    with ``margins`` the TOST."""
+    head = ("| " + " | ".join([*keys, *(c.replace("_", " ") for c in cells)]) + " | estimate | 95% CI | p |"
+            + (" margin | 90% CI | TOST p |" if margins else "") + " runs |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for _, r in table.iterrows():
-        line = (f"| {r['data']} | {r['key_dim']} | {r['explainer']} | {r['metric']} | {r['contrast']} | "
+        line = ("| " + " | ".join(str(r[k]) for k in keys) + " | "
                 + " | ".join(f"{r[c]:.3f}" for c in cells)
                 + f" | {_f(r['estimate'])} | [{_f(r['ci95_low'])}, {_f(r['ci95_high'])}] | {r['p']:.3g} |")
         if margins:
@@ -98,9 +104,6 @@ def factorial_markdown(table: pd.DataFrame, ranges: pd.DataFrame | None, outside
 
 def rank_markdown(table: pd.DataFrame, margins: dict[str, float]) -> list[str]:
     """factorial.md's section on the capped-rank arm (report/factorial.py's rank_table)."""
-    cells = [f"{c}_{v}" for c, v in CELLS] + ["capped"]
-    head = ("| data | key_dim | arm | explainer | metric | contrast | concat S | concat L | add S | add L | capped "
-            "| estimate | 95% CI | p | margin | 90% CI | TOST p | runs |")
     lines = ["", "## The capped-rank arm: output rank against head combination", "",
              "The arm is concat at value size S with its output projection capped at rank r (`model.out_rank`; "
              "`concat_r<r>`), so its attention output has add S's rank and its heads concat S's. Contrasts: "
@@ -108,28 +111,21 @@ def rank_markdown(table: pd.DataFrame, margins: dict[str, float]) -> list[str]:
              "combination at matched value size and output rank), `interaction_at_rank` ((add L - add S) - (concat L "
              "- capped): the factorial's interaction with the capped arm in concat S's place, both small-value arms at "
              "rank S, both large-value arms at rank d). Welch-Satterthwaite CIs and TOST as above. Runs: concat S / "
-             "concat L / add S / add L / capped.", "", head, "|" + "---|" * (head.count("|") - 1)]
-    for _, r in table.iterrows():
-        tost = (f" {r['margin']:g} | [{_f(r['ci90_low'])}, {_f(r['ci90_high'])}] | {r['tost_p']:.3g} |"
-                if np.isfinite(r["margin"]) else " - | - | - |")
-        lines.append(f"| {r['data']} | {r['key_dim']} | {r['arm']} | {r['explainer']} | {r['metric']} | "
-                     f"{r['contrast']} | " + " | ".join(f"{r[c]:.3f}" for c in cells)
-                     + f" | {_f(r['estimate'])} | [{_f(r['ci95_low'])}, {_f(r['ci95_high'])}] | {r['p']:.3g} |"
-                     + tost + f" {r['runs']} |")
-    return lines
+             "concat L / add S / add L / capped.", ""]
+    return lines + _contrast_lines(table, margins, ("data", "key_dim", "arm", "explainer", "metric", "contrast"),
+                                   (*FACTORIAL_CELLS, "capped"))
 
 
 def write_factorial(runs: pd.DataFrame, out: Path) -> list[Path]:
     """``factorial.md`` and ``factorial.csv`` (the contrasts; the range superiority tests go to
     ``factorial_ranges.csv``) when the runs are a factorial; returns the files written."""
-    capped = rank_table(runs, equivalence_margins(runs[in_factorial(runs)]))
-    used = runs[in_factorial(runs) | is_rank_arm(runs)] if capped is not None else runs[in_factorial(runs)]
-    runs = runs[in_factorial(runs)]  # the others: named by the caller (factorial.left_out_of_factorial)
-    margins = equivalence_margins(runs)
-    table = factorial_table(runs, margins)
+    cells = runs[in_factorial(runs)]  # the others: named by the caller (factorial.left_out_of_factorial)
+    margins = equivalence_margins(cells)
+    table = factorial_table(cells, margins)
     if table is None:
         return []
-    ranges = range_superiority(runs)
+    capped = rank_table(runs, margins)
+    ranges = range_superiority(cells)
     written = [out / "factorial.md", out / "factorial.csv"]
     atomic_write(out / "factorial.csv", table.to_csv(index=False))
     if capped is not None:
@@ -138,8 +134,10 @@ def write_factorial(runs: pd.DataFrame, out: Path) -> list[Path]:
     if ranges is not None:
         atomic_write(out / "factorial_ranges.csv", ranges.to_csv(index=False))
         written.append(out / "factorial_ranges.csv")
-    md = factorial_markdown(table, ranges, per_key_outside(table), head_room(table, runs), tv_ceiling(runs), margins)
+    md = factorial_markdown(table, ranges, per_key_outside(table), head_room(table, cells), tv_ceiling(cells), margins)
+    noted = cells  # the runs whose code the note names: the capped arm's too where it has a section
     if capped is not None:
         md += "\n".join(rank_markdown(capped, margins)) + "\n"
-    atomic_write(out / "factorial.md", md + "\n" + code_note(used) + "\n")
+        noted = runs[in_factorial(runs) | is_rank_arm(runs)]
+    atomic_write(out / "factorial.md", md + "\n" + code_note(noted) + "\n")
     return written

@@ -11,6 +11,7 @@ import pandas as pd
 from ..common.files import atomic_write
 from .code_note import code_note
 from .designs import equivalence_margins
+from .factorial import RANK_CONTRASTS
 from .findings import findings
 
 HEADER = ("| task | key_dim | explainer | metric | contrast | estimate | 95% CI | p | margin | 90% CI | TOST p "
@@ -63,7 +64,8 @@ def findings_markdown(kind: str, table: pd.DataFrame, runs: pd.DataFrame) -> str
     per = table[(table["key_dim"] != "all").to_numpy() & ~alone]
     changed = per[[said.get(tuple(r[k] for k in keys)) != r["verdict"] for _, r in per.iterrows()]]
     counts = pooled["verdict"].value_counts()
-    what = WHAT[kind] + (" " + RANK if pooled["contrast"].str.contains("_at_rank|rank_cap").any() else "")
+    ranked = pooled["contrast"].str.split(" (", regex=False).str[0].isin(list(RANK_CONTRASTS))  # _rank_rows' names
+    what = WHAT[kind] + (" " + RANK if ranked.any() else "")
     lines = ["**Findings generated from the statistics** (`findings.md`, one row per task, explainer, metric and "
              "contrast; every number and verdict in `findings.csv`). " + what + " " + RULE, "",
              ("Key sizes pooled (and the contrasts run at one key size only)" if alone.any() else "Key sizes pooled")

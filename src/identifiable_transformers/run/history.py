@@ -2,7 +2,8 @@
 
 One row per training epoch: ``epoch``, ``step`` (the global step at its end), then every scalar metric the
 run logs per epoch (``train/*``, ``val/*``, including ``val/acc_best`` and the diagnostics' ``val/ident/*`` and
-``val/faith/*``). Validation metrics are taken when that epoch's validation ends, so an epoch without
+``val/faith/*``), and the epoch's wall-clock seconds: ``time/train_s`` (the epoch less its validation) and
+``time/val_s`` (validation with every per-epoch diagnostic; each diagnostic also logs its own ``*compute_s``). Validation metrics are taken when that epoch's validation ends, so an epoch without
 validation has empty ``val/*`` cells instead of the previous epoch's values. The rows travel in the checkpoint,
 so a run resumed into a new folder writes the whole history, and the file is rewritten (atomically) after every
 epoch, so a killed run keeps the epochs it finished.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,8 @@ class MetricsHistory(pl.Callback):
         self.path = Path(output_dir) / FILENAME
         self.rows: list[dict[str, Any]] = []
         self._val: dict[str, Any] | None = None  # this epoch's validation metrics, until the epoch ends
+        self._epoch_start: float | None = None  # perf_counter at this process's start of the epoch
+        self._val_start: float | None = None
 
     @property
     def state_key(self) -> str:
@@ -51,11 +55,19 @@ class MetricsHistory(pl.Callback):
         if getattr(self, "_stage", "fit") == "fit":
             self.rows, self._val = list(state.get("rows") or []), state.get("val")
 
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_start = time.perf_counter()
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._val_start = time.perf_counter()
+
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
         val = {k: v for k, v in scalar_metrics(trainer.callback_metrics).items() if k.startswith("val/")}
         self._val = {"epoch": trainer.current_epoch, **val}
+        if self._val_start is not None:
+            self._val["time/val_s"] = round(time.perf_counter() - self._val_start, 3)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or trainer.fast_dev_run:
@@ -64,6 +76,10 @@ class MetricsHistory(pl.Callback):
         train = {k: v for k, v in scalar_metrics(trainer.callback_metrics).items() if not k.startswith("val/")}
         last_val = self._val or {}
         val = {k: v for k, v in last_val.items() if k != "epoch"} if last_val.get("epoch") == epoch else {}
+        if self._epoch_start is not None:  # a resumed epoch: the seconds this process spent on it
+            seconds = time.perf_counter() - self._epoch_start
+            train["time/train_s"] = round(seconds - val.get("time/val_s", 0.0), 3)
+            self._epoch_start = None
         self.rows = [r for r in self.rows if r["epoch"] != epoch]  # an epoch replayed after a resume: its newest row
         self.rows.append({"epoch": epoch, "step": trainer.global_step, **train, **val})
         self._val = None

@@ -203,12 +203,15 @@ def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
             for lg in loggers:
                 lg.log_hyperparams({"cfg": OmegaConf.to_container(cfg, resolve=True), **params})
         log.info("Parameters: %s", params)
+        timings: dict[str, float] = {}  # wall-clock seconds of fit (training, validation, diagnostics) and test
 
         if cfg.get("train"):
             with warnings.catch_warnings():
                 # TextDataModule's checkpointed data position makes a mid-epoch resume exact; Lightning cannot tell.
                 warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
+                fit_start = time.time()
                 trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+                timings["fit_s"] = round(time.time() - fit_start, 2)
             if received_sigterm():  # arrived where Lightning noted it and finished its loop anyway
                 raise Terminated(signal.SIGTERM)
             if trainer.global_step == 0:
@@ -240,7 +243,9 @@ def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
                 test_ckpt = ckpt_path
                 if not test_ckpt:
                     log.warning("train=false without ckpt_path: testing an untrained model")
+            test_start = time.time()
             trainer.test(model, datamodule=datamodule, ckpt_path=test_ckpt, weights_only=True)
+            timings["test_s"] = round(time.time() - test_start, 2)
             if received_sigterm():
                 raise Terminated(signal.SIGTERM)
             test_metrics = _scalars(trainer.callback_metrics)
@@ -254,6 +259,7 @@ def _run(cfg: DictConfig, output_dir: Path, start: float, state: dict) -> dict:
             "best_epoch": _epoch_of(getattr(ckpt_cb, "best_model_path", "")),
             "epochs_run": trainer.current_epoch,
             "runtime_s": round(time.time() - start, 2),
+            "timings": timings,
             "params": params,
             "provenance": run_provenance(state["code"], datamodule, trainer),  # the commit, versions, data, device
             **({"resume_changes": resume_changes} if resume_changes else {}),

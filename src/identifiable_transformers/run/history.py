@@ -3,10 +3,11 @@
 One row per training epoch: ``epoch``, ``step`` (the global step at its end), then every scalar metric the
 run logs per epoch (``train/*``, ``val/*``, including ``val/acc_best`` and the diagnostics' ``val/ident/*`` and
 ``val/faith/*``), and the epoch's wall-clock seconds: ``time/train_s`` (the epoch less its validation) and
-``time/val_s`` (validation with every per-epoch diagnostic; each diagnostic also logs its own ``*compute_s``). Validation metrics are taken when that epoch's validation ends, so an epoch without
-validation has empty ``val/*`` cells instead of the previous epoch's values. The rows travel in the checkpoint,
-so a run resumed into a new folder writes the whole history, and the file is rewritten (atomically) after every
-epoch, so a killed run keeps the epochs it finished.
+``time/val_s`` (validation with every per-epoch diagnostic; each diagnostic also logs its own ``*compute_s``).
+Validation metrics are taken when that epoch's validation ends, so an epoch without validation has empty ``val/*``
+cells instead of the previous epoch's values. The rows travel in the checkpoint, so a run resumed into a new folder
+writes the whole history, and the file is rewritten (atomically) after every epoch, so a killed run keeps the epochs
+it finished.
 """
 
 from __future__ import annotations

@@ -64,6 +64,28 @@ def _finish(scores: Tensor, mask: Tensor, pinned: Tensor | None = None) -> Tenso
     return torch.where(_scorable(mask, pinned), scores.detach().float(), torch.zeros((), device=scores.device))
 
 
+# Examples explained together by the explainers that build T x T maps: a batch runs in groups of similar length,
+# each cut to its own width, so that a 14-token probe is not explained at the width of a 512-token one.
+WIDTH_GROUP = 8
+
+
+def by_width(fn: Callable[[Tensor, Tensor], dict[str, Tensor]], input_ids: Tensor, mask: Tensor,
+             group: int = WIDTH_GROUP) -> dict[str, Tensor]:
+    """``fn(ids, mask) -> {name: (b, w)}`` run on groups of at most ``group`` examples of similar length, each cut
+    to its last real position; the results scattered back into {name: (B, T)} (0 beyond a group's width). The
+    scores are those of one call on the whole batch: an example's scores do not depend on the others' padding."""
+    B, T = mask.shape
+    last = torch.where(mask.bool(), torch.arange(T, device=mask.device), -1).amax(1)
+    order = torch.argsort(last.cpu(), stable=True).to(mask.device)
+    out: dict[str, Tensor] = {}
+    for lo in range(0, B, group):
+        idx = order[lo : lo + group]
+        w = max(int(last[idx].max()) + 1, 1)
+        for name, v in fn(input_ids[idx, :w], mask[idx, :w]).items():
+            out.setdefault(name, v.new_zeros(B, T))[idx, :w] = v
+    return out
+
+
 def _pooled_rows(model, A: Tensor, mask: Tensor) -> Tensor:
     """The pooled query's row of attention maps A (B, ..., T, T) -> (B, ..., T).
 

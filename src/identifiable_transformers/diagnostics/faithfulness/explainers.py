@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from ..maths.nullspace import effective_attention
-from ._common import _eval_with_grad, _finish, _inputs, _logits, _pinned, _pooled_rows, _scorable, _stage
+from ._common import _eval_with_grad, _finish, _inputs, _logits, _pinned, _pooled_rows, _scorable, _stage, by_width
 from .context_mixing import context_mixing_name, context_mixing_scores
 from .random_control import random_scores
 from .readout import _masked_probs
@@ -158,11 +158,11 @@ def explain(
         attention = [e for e in explainers if e in _ATTENTION_EXPLAINERS]
         if attention:
             with _stage("explainers: attention maps", say, ", ".join(attention)):
-                out.update(_attention_explainers(model, ids, mask, explainers))
+                out.update(by_width(lambda i, m: _attention_explainers(model, i, m, explainers), ids, mask))
         mixing = [e for e in explainers if context_mixing_name(e) is not None]
         if mixing:
             with _stage("explainers: context mixing", say, ", ".join(mixing)):
-                out.update(context_mixing_scores(model, ids, mask, mixing))
+                out.update(by_width(lambda i, m: context_mixing_scores(model, i, m, mixing), ids, mask))
         if "grad_input" in explainers:
             with _stage("explainer: grad_input", say):
                 out["grad_input"] = _grad_input(model, ids, mask, pred)

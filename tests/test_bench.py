@@ -48,3 +48,14 @@ def test_bench_diagnostics_memory_prints_one_row_per_design_from_fresh_processes
     for line, design in zip(lines[-2:], ("concat", "add")):
         name, peak, pass_peak, wall, cpu = line.split()
         assert name == design and float(peak) > float(pass_peak) > 0 and float(wall) > 0
+
+
+def test_bench_probe_512_quick_prints_both_designs_and_equal_scores():
+    out = run_cli([sys.executable, str(ROOT / "bench" / "bench_probe_512.py"), "--quick", "--repeats", "1"],
+                  timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines() if line.startswith(("concat", "add"))}
+    assert set(rows) == {"concat", "add"}
+    for r in rows.values():
+        assert float(r[4]) < 1e-4  # the width groups give the scores of the whole-width pass
+        assert all(float(x) > 0 for x in r[1:4] + r[5:])

@@ -70,11 +70,13 @@ WIDTH_GROUP = 8
 
 
 def by_width(fn: Callable[[Tensor, Tensor], dict[str, Tensor]], input_ids: Tensor, mask: Tensor,
-             group: int = WIDTH_GROUP) -> dict[str, Tensor]:
-    """``fn(ids, mask) -> {name: (b, w)}`` run on groups of at most ``group`` examples of similar length, each cut
-    to its last real position; the results scattered back into {name: (B, T)} (0 beyond a group's width). The
-    scores are those of one call on the whole batch: an example's scores do not depend on the others' padding."""
+             group: int | None = None) -> dict[str, Tensor]:
+    """``fn(ids, mask) -> {name: (b, w)}`` run on groups of at most ``group`` (None: ``WIDTH_GROUP``) examples of
+    similar length, each cut to its last real position; the results scattered back into {name: (B, T)} (0 beyond a
+    group's width). The scores are those of one call on the whole batch: an example's scores do not depend on the
+    others' padding."""
     B, T = mask.shape
+    group = group or WIDTH_GROUP
     last = torch.where(mask.bool(), torch.arange(T, device=mask.device), -1).amax(1)
     order = torch.argsort(last.cpu(), stable=True).to(mask.device)
     out: dict[str, Tensor] = {}

@@ -33,6 +33,7 @@ class Study:
 STUDIES = (
     Study("faithfulness_contrast", ("faithfulness_contrast/runs.tar.xz",), "contrast"),
     Study("key_size", ("key_size/runs.tar.xz",), "key_size"),
+    Study("imdb512", ("imdb512/runs.tar.xz",), "imdb512"),
     Study("factorial", ("factorial/runs_dk2_seeds_1-5.tar.xz", "factorial/runs_dk2_seeds_6-10.tar.xz",
                         "factorial/runs_dk8.tar.xz", "factorial/runs_rank.tar.xz"), "factorial"),
     Study("context_mixing/order", ("context_mixing/runs.tar.gz",), "context_mixing/order"),

@@ -58,3 +58,17 @@ def test_kendall_tau_b_of_rows_of_mixed_lengths_against_scipy(chunk, monkeypatch
             assert torch.isnan(tau[b])
         else:
             assert float(tau[b]) == pytest.approx(kendalltau(x[b, 1:n], y[b, 1:n]).statistic, abs=1e-12)
+
+
+def test_kendall_taus_of_several_score_sets_equal_one_call_each():
+    g = torch.Generator().manual_seed(2)
+    xs = torch.randint(0, 5, (4, 6, 20), generator=g).double()
+    y = torch.randn(6, 20, generator=g, dtype=torch.float64)
+    valid = torch.arange(20) < torch.tensor([20, 2, 9, 15, 4, 11])[:, None]
+    many = F.agreement.kendall_taus(xs, y, valid)
+    for k in range(4):
+        torch.testing.assert_close(many[k], F.kendall_tau_b(xs[k], y, valid), equal_nan=True)
+        for b in range(6):
+            n = int(valid[b].sum())
+            ref = kendalltau(xs[k, b, :n], y[b, :n]).statistic  # NaN where x is constant
+            assert float(many[k, b]) == pytest.approx(ref, abs=1e-12, nan_ok=True)

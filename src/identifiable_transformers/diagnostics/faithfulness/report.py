@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from ._common import _eval_with_grad, _finish, _inputs, _logits, _nanmean, _pinned, _scorable, _stage
-from .agreement import kendall_tau_b
+from .agreement import kendall_taus
 from .erasure import _erasure_metrics
 from .explainers import CHEAP_EXPLAINERS, explain
 from .plausibility import PLAUSIBILITY_METRICS, plausibility_metrics
@@ -63,9 +63,9 @@ def faithfulness_report(
             per_example = _erasure_metrics(model, ids, mask, scored, pred, prob, say=say,
                                            flip_resolution=flip_resolution)
         scorable = _scorable(mask, pinned)
-        for e, s in scored.items():
-            per_example[f"{e}/tau_loo"] = (kendall_tau_b(s, scores["loo"], scorable).float() if loo
-                                           else torch.full_like(prob, float("nan")))
+        taus = kendall_taus(torch.stack(list(scored.values())), scores["loo"], scorable).float() if loo else None
+        for k, e in enumerate(scored):
+            per_example[f"{e}/tau_loo"] = taus[k] if loo else torch.full_like(prob, float("nan"))
         metric_names = list(METRICS)
         if rationale_mask is not None:
             per_example.update(plausibility_metrics(scored, mask, rationale_mask, pinned))

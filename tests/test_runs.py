@@ -21,7 +21,8 @@ RUN = ["trainer.max_epochs=2", "trainer.deterministic=true", "callbacks=[model_c
 
 def _history(folder):
     with open(folder / FILENAME, newline="") as f:
-        return list(csv.DictReader(f))
+        # the epoch's seconds differ from run to run; everything else must not
+        return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in csv.DictReader(f)]
 
 
 def test_a_finished_run_is_kept_reported_on_resume_and_its_history_written(make_cfg, tmp_path):
@@ -34,6 +35,11 @@ def test_a_finished_run_is_kept_reported_on_resume_and_its_history_written(make_
     last = {k: float(v) for k, v in rows[-1].items() if k not in ("epoch", "step")}
     assert last == pytest.approx(first["metrics"])  # the last row is what metrics.json reports
     assert {"train/acc", "train/loss_epoch", "val/loss", "val/f1"} <= set(last)
+    with open(tmp_path / "a" / FILENAME, newline="") as f:  # each epoch's seconds, beside the metrics
+        timed = list(csv.DictReader(f))
+    assert all(float(r["time/train_s"]) > 0 and float(r["time/val_s"]) > 0 for r in timed)
+    assert first["timings"]["fit_s"] >= sum(float(r["time/train_s"]) + float(r["time/val_s"]) for r in timed)
+    assert not any(k.startswith("time/") for k in first["metrics"])  # timings, not metrics
 
     # a fresh run into that folder would overwrite last.ckpt and metrics.json: refused, before any data
     with pytest.raises(UserError) as info:

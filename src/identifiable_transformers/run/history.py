@@ -24,6 +24,7 @@ import lightning.pytorch as pl
 from ..common.files import atomic_write
 
 FILENAME = "metrics_history.csv"
+TIME_PREFIX = "time/"  # the epoch's seconds: columns of the history, not metrics
 
 
 def scalar_metrics(metrics: dict) -> dict[str, float]:
@@ -68,7 +69,7 @@ class MetricsHistory(pl.Callback):
         val = {k: v for k, v in scalar_metrics(trainer.callback_metrics).items() if k.startswith("val/")}
         self._val = {"epoch": trainer.current_epoch, **val}
         if self._val_start is not None:
-            self._val["time/val_s"] = round(time.perf_counter() - self._val_start, 3)
+            self._val[f"{TIME_PREFIX}val_s"] = round(time.perf_counter() - self._val_start, 3)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or trainer.fast_dev_run:
@@ -77,9 +78,9 @@ class MetricsHistory(pl.Callback):
         train = {k: v for k, v in scalar_metrics(trainer.callback_metrics).items() if not k.startswith("val/")}
         last_val = self._val or {}
         val = {k: v for k, v in last_val.items() if k != "epoch"} if last_val.get("epoch") == epoch else {}
-        if self._epoch_start is not None:  # a resumed epoch: the seconds this process spent on it
+        if self._epoch_start is not None:  # blank for an epoch this process resumed after its start
             seconds = time.perf_counter() - self._epoch_start
-            train["time/train_s"] = round(seconds - val.get("time/val_s", 0.0), 3)
+            train[f"{TIME_PREFIX}train_s"] = round(seconds - val.get(f"{TIME_PREFIX}val_s", 0.0), 3)
             self._epoch_start = None
         self.rows = [r for r in self.rows if r["epoch"] != epoch]  # an epoch replayed after a resume: its newest row
         self.rows.append({"epoch": epoch, "step": trainer.global_step, **train, **val})
@@ -88,8 +89,10 @@ class MetricsHistory(pl.Callback):
             self.write()
 
     def final_metrics(self) -> dict[str, float]:
-        """The last epoch's metrics (what ``callback_metrics`` holds at the end of a run that trained it)."""
-        return {k: v for k, v in (self.rows[-1] if self.rows else {}).items() if k not in ("epoch", "step")}
+        """The last epoch's metrics (what ``callback_metrics`` holds at the end of a run that trained it); the
+        epoch's seconds (``time/*``) are timings, not metrics: metrics.json holds the run's in ``timings``."""
+        return {k: v for k, v in (self.rows[-1] if self.rows else {}).items()
+                if k not in ("epoch", "step") and not k.startswith(TIME_PREFIX)}
 
     def write(self) -> Path:
         columns = ["epoch", "step", *sorted({k for row in self.rows for k in row} - {"epoch", "step"})]

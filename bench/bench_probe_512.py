@@ -5,9 +5,10 @@ probes drawn as the identifiability callback draws them from 2,500 IMDb-like val
 median 230 tokens, 14-512):
 
   * the faithfulness pass (every cheap explainer, 10 random draws, erasure, tau with leave-one-out) on the
-    default probe (64 examples, doubling strata), once as one group at the probe's full width (``--group`` 10**6:
-    what the pass did before) and once in the default groups of 8 examples of similar length, each cut to its
-    own width; the largest score difference between the two is printed (it must be ~1e-6: the same scores);
+    default probe (64 examples, doubling strata), once as one group at the probe's full width (``WIDTH_GROUP``
+    set to 10**6: what the pass did before) and once in the default groups of 8 examples of similar length, each
+    cut to its own width; the largest score difference between the two is printed (it must be ~1e-6: the same
+    scores);
   * the identifiability pass and the faithfulness pass on the default probe against the ``imdb512_cpu`` preset's
     probe (36 examples in the strata 40, 64, 96, 130, 512: 8 of them over 130 tokens).
 

@@ -69,6 +69,12 @@ def _finish(scores: Tensor, mask: Tensor, pinned: Tensor | None = None) -> Tenso
 WIDTH_GROUP = 8
 
 
+def real_ends(mask: Tensor) -> Tensor:
+    """(B, T) -> (B,) one past each row's last True position (0 for a row without one): the width that row needs."""
+    T = mask.shape[1]
+    return torch.where(mask.bool(), torch.arange(1, T + 1, device=mask.device), 0).amax(1)
+
+
 def by_width(fn: Callable[[Tensor, Tensor], dict[str, Tensor]], input_ids: Tensor, mask: Tensor,
              group: int | None = None) -> dict[str, Tensor]:
     """``fn(ids, mask) -> {name: (b, w)}`` run on groups of at most ``group`` (None: ``WIDTH_GROUP``) examples of
@@ -77,12 +83,12 @@ def by_width(fn: Callable[[Tensor, Tensor], dict[str, Tensor]], input_ids: Tenso
     others' padding."""
     B, T = mask.shape
     group = group or WIDTH_GROUP
-    last = torch.where(mask.bool(), torch.arange(T, device=mask.device), -1).amax(1)
-    order = torch.argsort(last.cpu(), stable=True).to(mask.device)
+    ends = real_ends(mask)
+    order = torch.argsort(ends.cpu(), stable=True).to(mask.device)
     out: dict[str, Tensor] = {}
     for lo in range(0, B, group):
         idx = order[lo : lo + group]
-        w = max(int(last[idx].max()) + 1, 1)
+        w = max(int(ends[idx].max()), 1)
         for name, v in fn(input_ids[idx, :w], mask[idx, :w]).items():
             out.setdefault(name, v.new_zeros(B, T))[idx, :w] = v
     return out

@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor
 
+from ._common import real_ends
+
 # Upper bound on the pairs (rows x T x T) compared at once: about 32 MB per float64 temporary, whatever the batch.
 _CHUNK_PAIRS = 1 << 22
 
@@ -24,13 +26,13 @@ def kendall_tau_b(x: Tensor, y: Tensor, valid: Tensor) -> Tensor:
 def kendall_taus(xs: Tensor, y: Tensor, valid: Tensor) -> Tensor:
     """``kendall_tau_b`` of each of K score sets xs (K, B, T) against the same y (B, T) -> (K, B) float64: y's pair
     signs are computed once per chunk of rows, for all K."""
-    K, B, T = xs.shape
-    last = torch.where(valid.bool(), torch.arange(T, device=valid.device), -1).amax(1)
-    order = torch.argsort(last.cpu(), stable=True, descending=True).tolist()
+    K, B, _ = xs.shape
+    ends = real_ends(valid)
+    order = torch.argsort(ends.cpu(), stable=True, descending=True).tolist()
     out = torch.empty(K, B, dtype=torch.float64, device=xs.device)
     lo = 0
     while lo < B:
-        w = max(int(last[order[lo]]) + 1, 1)  # the longest row of the chunk comes first
+        w = max(int(ends[order[lo]]), 1)  # the longest row of the chunk comes first
         idx = torch.tensor(order[lo : lo + max(1, _CHUNK_PAIRS // (w * w))], device=xs.device)
         out[:, idx] = _tau_b(xs[:, idx, :w], y[idx, :w], valid[idx, :w])
         lo += len(idx)
